@@ -1,0 +1,58 @@
+"""fxrewrite: subgraph pattern-rewriting rules for PyTorch programs, built on torch.fx.
+
+>>> import torch, fxrewrite
+>>> @fxrewrite.rule
+... def double_neg(x):
+...     "Replaces neg(neg(x)) by x."
+...     return torch.neg(torch.neg(x))
+>>> @double_neg.replacement
+... def double_neg(x):
+...     return x
+>>> result = fxrewrite.rewrite(lambda a: torch.neg(torch.neg(a)) + 1, double_neg)
+>>> print(result.code.strip())
+def forward(self, a):
+    add = a + 1;  a = None
+    return add
+"""
+
+from __future__ import annotations
+
+from .compat import replace_pattern, replace_pattern_with_filters
+from .errors import (
+    DidNotConverge,
+    FxRewriteError,
+    MetadataError,
+    NotEquivalent,
+    RewriteError,
+    RuleDefinitionError,
+    RuleLoadError,
+    RuleSyntaxError,
+)
+from .match import Match, TensorView
+from .rewrite import Report, RewriteResult, RuleStats, rewrite
+from .rule import Rule, RuleSet, rule
+
+__all__ = [
+    "DidNotConverge",
+    "FxRewriteError",
+    "Match",
+    "MetadataError",
+    "NotEquivalent",
+    "Report",
+    "RewriteError",
+    "RewriteResult",
+    "Rule",
+    "RuleDefinitionError",
+    "RuleLoadError",
+    "RuleSet",
+    "RuleStats",
+    "RuleSyntaxError",
+    "TensorView",
+    "__version__",
+    "replace_pattern",
+    "replace_pattern_with_filters",
+    "rewrite",
+    "rule",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,61 @@
+"""The errors fxrewrite raises.
+
+Every error derives from :class:`FxRewriteError`, and also from the builtin whose
+meaning fits, so ``except ValueError`` keeps working for callers who do not know us::
+
+    FxRewriteError
+     ├── RuleDefinitionError   (ValueError)     a rule is malformed; raised when it is built
+     ├── RuleSyntaxError       (SyntaxError)    a .fxr file does not parse
+     ├── RuleLoadError         (ImportError)    a rule file or directory cannot be loaded
+     ├── RewriteError          (RuntimeError)   applying a rule to a graph failed; graph untouched
+     │    └── DidNotConverge                    the rewrite budget ran out (rules undo each other)
+     ├── MetadataError         (LookupError)    a guard needs shapes/dtypes the graph does not carry
+     └── NotEquivalent         (AssertionError) a rewrite changed what the program computes
+
+Messages say what happened, where (rule name and ``file:line``, graph node) and what to do.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DidNotConverge",
+    "FxRewriteError",
+    "MetadataError",
+    "NotEquivalent",
+    "RewriteError",
+    "RuleDefinitionError",
+    "RuleLoadError",
+    "RuleSyntaxError",
+]
+
+
+class FxRewriteError(Exception):
+    """Root of every error raised by fxrewrite."""
+
+
+class RuleDefinitionError(FxRewriteError, ValueError):
+    """A rule is malformed: bad signature, untraceable pattern, unknown capture type, ..."""
+
+
+class RuleSyntaxError(FxRewriteError, SyntaxError):
+    """A rule file written in the fxrewrite DSL does not parse."""
+
+
+class RuleLoadError(FxRewriteError, ImportError):
+    """A rule file or rules directory cannot be loaded."""
+
+
+class RewriteError(FxRewriteError, RuntimeError):
+    """Applying a rule to a graph failed. The graph is left as it was before that rewrite."""
+
+
+class DidNotConverge(RewriteError):
+    """The rewrite budget was exhausted: some rules keep firing (often a rule and its inverse)."""
+
+
+class MetadataError(FxRewriteError, LookupError):
+    """A guard asked for a shape, dtype or device that the graph's nodes do not carry."""
+
+
+class NotEquivalent(FxRewriteError, AssertionError):
+    """A rewritten program computes something different from the original."""

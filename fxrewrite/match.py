@@ -1,0 +1,437 @@
+"""The matcher: find where a :class:`~fxrewrite.pattern.Pattern` occurs in an fx graph.
+
+A match is a map from pattern nodes to graph values that respects operations, arguments and
+literals, found by walking backwards from an *anchor* (the pattern's last output) over
+arguments, with backtracking over the operand orders of commutative operations and, for
+multi-output patterns, over the users of already matched values.
+
+Variables bind like mathematics: one variable always binds the same value, two variables may
+bind the same value. A match is *sound* only if
+
+* every matched inner node that is not an output has no user outside the match (containment),
+* no variable binds a value the match computes (it would be erased while still needed),
+* for multi-output patterns, no path leaves the match and re-enters it (no cycle).
+
+>>> import torch, torch.fx as fx
+>>> from fxrewrite.pattern import trace_pattern
+>>> pattern = trace_pattern(lambda x, y: torch.relu(x + y), rule_name="r", origin="<doc>")
+>>> gm = fx.symbolic_trace(lambda a: torch.relu(a + a))
+>>> relu = next(n for n in gm.graph.nodes if n.target is torch.relu)
+>>> m = next(iter(match_at(pattern, relu, gm)))
+>>> m.node("x").name, m.node("y").name
+('a', 'a')
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import attrs
+import torch
+import torch.fx as fx
+from torch.fx.node import Node
+
+from .canon import is_commutative_call, op_key_of
+from .errors import MetadataError
+from .pattern import Param, Pattern
+
+__all__ = ["Match", "MatchOptions", "TensorView", "match_at", "node_position"]
+
+_MISSING = object()
+
+
+def node_position(node: Node) -> Any:
+    """A key that orders the nodes of one graph topologically (graph order), in O(1)."""
+    return node._sort_key
+
+
+@attrs.frozen
+class MatchOptions:
+    """How pattern variables and literals bind.
+
+    The defaults are fxrewrite's own semantics; :mod:`fxrewrite.compat` uses
+    ``MatchOptions.torch_fx(...)`` to reproduce ``torch.fx.replace_pattern``.
+    """
+
+    commutative: bool = True
+    variables_bind_literals: bool = False
+    injective: bool = False
+    ignore_literals: bool = False
+
+    @classmethod
+    def torch_fx(cls, *, ignore_literals: bool = False) -> MatchOptions:
+        return cls(commutative=False, variables_bind_literals=True, injective=True, ignore_literals=ignore_literals)
+
+
+@attrs.frozen
+class TensorView:
+    """What a guard sees of a tensor bound in a match: shape, dtype, device and rank, read from
+    the graph node's metadata (``meta["val"]`` from torch.export / fake tensors, or
+    ``meta["tensor_meta"]`` from ``ShapeProp``)."""
+
+    node: Node
+
+    def _meta(self) -> Any:
+        meta = self.node.meta
+        if "val" in meta and hasattr(meta["val"], "shape"):
+            return meta["val"]
+        if "tensor_meta" in meta and hasattr(meta["tensor_meta"], "shape"):
+            return meta["tensor_meta"]
+        raise MetadataError(
+            f"node '{self.node.name}' ({self.node.format_node()}) carries no shape/dtype metadata. "
+            f"Pass example_inputs=(...) to fxrewrite.rewrite so shapes are propagated, or run "
+            f"torch.fx.passes.shape_prop.ShapeProp on the module first, or rewrite a torch.export graph."
+        )
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size(self._meta().shape)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._meta().dtype
+
+    @property
+    def device(self) -> torch.device:
+        meta = self._meta()
+        return getattr(meta, "device", torch.device("cpu"))
+
+    @property
+    def ndim(self) -> int:
+        return len(self._meta().shape)
+
+    def dim(self) -> int:
+        return self.ndim
+
+    def size(self, dim: int | None = None) -> Any:
+        return self.shape if dim is None else self.shape[dim]
+
+    def __repr__(self) -> str:
+        return f"TensorView({self.node.name})"
+
+
+@attrs.frozen(eq=False)
+class Match:
+    """One occurrence of a pattern in a graph.
+
+    ``bindings`` maps each pattern parameter to what it bound: a graph ``Node`` for a variable,
+    the constant for a literal capture, the ``nn.Module`` for a module capture. ``nodes`` are the
+    graph nodes the match computes (they are erased by a rewrite), ``outputs`` the graph nodes
+    standing for the pattern's results, ``anchor`` the node the match was found from.
+
+    In a guard, ``m["x"]`` is a :class:`TensorView` for a tensor, the value of a literal capture
+    or the module of a module capture; ``m.node("x")`` is the bound fx ``Node``.
+    """
+
+    pattern: Pattern
+    bindings: Mapping[str, Any]
+    nodes: tuple[Node, ...]
+    outputs: tuple[Node, ...]
+    anchor: Node
+    module_paths: Mapping[str, str] = attrs.field(factory=dict)
+
+    def __getitem__(self, name: str) -> Any:
+        value = self._binding(name)
+        return TensorView(value) if isinstance(value, Node) else value
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.bindings
+
+    def keys(self) -> Iterable[str]:
+        return self.bindings.keys()
+
+    def node(self, name: str) -> Node:
+        """The graph node bound to variable ``name`` (for a module capture: its call_module node)."""
+        value = self._binding(name)
+        if isinstance(value, Node):
+            return value
+        if name in self.module_paths:
+            path = self.module_paths[name]
+            return next(n for n in self.nodes if n.op == "call_module" and n.target == path)
+        raise TypeError(f"'{name}' bound the constant {value!r}, not a graph node; use m[{name!r}] to read it.")
+
+    def _binding(self, name: str) -> Any:
+        try:
+            return self.bindings[name]
+        except KeyError:
+            raise KeyError(f"the pattern has no parameter '{name}'; it has {sorted(self.bindings)}") from None
+
+
+class _Search:
+    """Backtracking search for one pattern at one anchor candidate.
+
+    The generators below yield once per consistent extension of ``p2g`` and undo their own
+    bindings when resumed, so the search explores alternatives without copying state.
+    """
+
+    def __init__(self, pattern: Pattern, modules: Mapping[str, torch.nn.Module], options: MatchOptions,
+                 candidates: Callable[[Any], Iterable[Node]] | None, record: bool) -> None:
+        self.pattern = pattern
+        self.modules = modules
+        self.options = options
+        self.candidates = candidates
+        self.p2g: dict[Node, Any] = {}
+        self.used: dict[Node, int] = {}
+        self.record = record
+        self.failure: tuple[Node, Any, str] | None = None
+
+    # -- bookkeeping -------------------------------------------------------------------------
+    def fail(self, pn: Node, gv: Any, reason: str) -> None:
+        if self.record:
+            self.failure = (pn, gv, reason)
+
+    def bind(self, pn: Node, gv: Any) -> None:
+        self.p2g[pn] = gv
+        if self.options.injective and isinstance(gv, Node):
+            self.used[gv] = self.used.get(gv, 0) + 1
+
+    def unbind(self, pn: Node) -> None:
+        gv = self.p2g.pop(pn)
+        if self.options.injective and isinstance(gv, Node):
+            self.used[gv] -= 1
+            if not self.used[gv]:
+                del self.used[gv]
+
+    # -- structural matching -----------------------------------------------------------------
+    def value(self, pv: Any, gv: Any) -> Iterator[None]:
+        if isinstance(pv, Node):
+            yield from self.node(pv, gv)
+        elif isinstance(pv, (list, tuple)):
+            if isinstance(gv, (list, tuple)) and len(gv) == len(pv):
+                yield from self.sequence(pv, gv, 0)
+            else:
+                self.fail(pv, gv, f"expected a sequence of {len(pv)} values, found {gv!r}")
+        elif isinstance(gv, Node):
+            self.fail(pv, gv, f"expected the constant {pv!r}, found the value of node '{gv.name}'")
+        elif self.options.ignore_literals or _same_literal(pv, gv):
+            yield
+        else:
+            self.fail(pv, gv, f"literal differs: pattern has {pv!r}, graph has {gv!r}")
+
+    def sequence(self, pvs: Any, gvs: Any, i: int) -> Iterator[None]:
+        if i == len(pvs):
+            yield
+            return
+        for _ in self.value(pvs[i], gvs[i]):
+            yield from self.sequence(pvs, gvs, i + 1)
+
+    def node(self, pn: Node, gv: Any) -> Iterator[None]:
+        bound = self.p2g.get(pn, _MISSING)
+        if bound is not _MISSING:
+            if bound is gv or (not isinstance(gv, Node) and not isinstance(bound, Node) and _same_literal(bound, gv)):
+                yield
+            else:
+                self.fail(pn, gv, f"'{pn.name}' is already bound to {_show(bound)}, here it would be {_show(gv)}")
+            return
+        param = self.pattern.param_of.get(pn)
+        if param is not None:
+            yield from self.variable(pn, param, gv)
+        else:
+            yield from self.operation(pn, gv)
+
+    def variable(self, pn: Node, param: Param, gv: Any) -> Iterator[None]:
+        if param.kind == "module":
+            ok = isinstance(gv, str)
+            reason = f"module capture '{param.name}' can only bind a submodule path, not {_show(gv)}"
+        elif isinstance(gv, Node):
+            ok = param.kind == "tensor" and not (self.options.injective and gv in self.used)
+            reason = f"'{param.name}' is a {param.kind} capture and cannot bind node '{gv.name}'"
+        else:
+            ok = param.accepts_literal(gv) or (param.kind == "tensor" and self.options.variables_bind_literals)
+            reason = f"'{param.name}' cannot bind the constant {gv!r} (annotate it, e.g. '{param.name}: float')"
+        if not ok:
+            self.fail(pn, gv, reason)
+            return
+        self.bind(pn, gv)
+        yield
+        self.unbind(pn)
+
+    def operation(self, pn: Node, gv: Any) -> Iterator[None]:
+        if not isinstance(gv, Node):
+            self.fail(pn, gv, f"expected an operation ({pn.format_node()}), found the constant {gv!r}")
+            return
+        if op_key_of(gv.op, gv.target) != op_key_of(pn.op, pn.target):
+            self.fail(pn, gv, f"op differs: pattern has {_op_name(pn)}, graph has {_op_name(gv)}")
+            return
+        if self.options.injective and gv in self.used:
+            self.fail(pn, gv, f"graph node '{gv.name}' is already matched by another pattern node")
+            return
+        if len(pn.args) != len(gv.args) or pn.kwargs.keys() != gv.kwargs.keys():
+            self.fail(pn, gv, f"arguments differ: pattern {_arity(pn)}, graph {_arity(gv)}")
+            return
+        self.bind(pn, gv)
+        if pn.op == "call_module":
+            yield from self.module(pn, gv)
+        else:
+            yield from self.arguments(pn, gv)
+        self.unbind(pn)
+
+    def module(self, pn: Node, gn: Node) -> Iterator[None]:
+        capture = self.pattern.placeholders.get(pn.target)
+        param = self.pattern.param_of.get(capture) if capture is not None else None
+        module = self.modules.get(gn.target)
+        if param is None or param.kind != "module":  # a torch.fx-style pattern naming a submodule path
+            if gn.target == pn.target:
+                yield from self.arguments(pn, gn)
+            else:
+                self.fail(pn, gn, f"module differs: pattern calls '{pn.target}', graph calls '{gn.target}'")
+            return
+        if not isinstance(module, param.annotation):
+            self.fail(pn, gn, f"module '{gn.target}' is a {type(module).__name__}, not a {param.annotation.__name__}")
+            return
+        for _ in self.node(capture, gn.target):
+            yield from self.arguments(pn, gn)
+
+    def arguments(self, pn: Node, gn: Node) -> Iterator[None]:
+        p_values = (*pn.args, *pn.kwargs.values())
+        g_values = (*gn.args, *(gn.kwargs[k] for k in pn.kwargs))
+        yield from self.sequence(p_values, g_values, 0)
+        if (self.options.commutative and pn in self.pattern.commutative
+                and is_commutative_call(gn.op, gn.target, gn.args, gn.kwargs) and gn.args[0] is not gn.args[1]):
+            yield from self.sequence(p_values, (gn.args[1], gn.args[0]), 0)
+
+    # -- multi-output patterns ---------------------------------------------------------------
+    def remaining_outputs(self) -> Iterator[None]:
+        """Extend a match of the anchor to the pattern's other outputs, through the users of
+        values already matched (or, for a disconnected pattern, through the index)."""
+        step = self._next_unbound()
+        if step is None:
+            yield
+            return
+        pn, via = step
+        key = op_key_of(pn.op, pn.target)
+        if via is not None:
+            pool = sorted(via.users, key=node_position)
+        elif self.candidates is not None:
+            pool = list(self.candidates(key))
+        else:
+            pool = []
+        for gn in pool:
+            if op_key_of(gn.op, gn.target) == key:
+                for _ in self.node(pn, gn):
+                    yield from self.remaining_outputs()
+
+    def _next_unbound(self) -> tuple[Node, Node | None] | None:
+        unbound = [n for n in self.pattern.inner_nodes if n not in self.p2g]
+        if not unbound:
+            return None
+        for pn in unbound:
+            for arg in pn.all_input_nodes:
+                gv = self.p2g.get(arg, _MISSING)
+                if isinstance(gv, Node):
+                    return pn, gv
+        # no unbound node touches the matched part: start the next component from an output
+        first = next(o for o in self.pattern.outputs if o not in self.p2g)
+        return first, None
+
+
+def match_at(pattern: Pattern, anchor: Node, owner: torch.nn.Module | None, *,
+             options: MatchOptions = MatchOptions(),
+             candidates: Callable[[Any], Iterable[Node]] | None = None,
+             on_reject: Callable[[tuple[Node, Any, str]], None] | None = None,
+             modules: Mapping[str, torch.nn.Module] | None = None) -> Iterator[Match]:
+    """Every sound match of ``pattern`` whose anchor is the graph node ``anchor``.
+
+    ``owner`` is the module owning the graph (to look up ``call_module`` targets);
+    ``candidates(key)`` lists graph nodes by op key, for patterns whose outputs are disconnected.
+    ``on_reject`` receives ``(pattern node, graph value, reason)`` for the first reason each
+    candidate failed: the raw material of ``explain``.
+    """
+    if modules is None:
+        modules = dict(owner.named_modules()) if owner is not None and pattern.module_captures else {}
+    search = _Search(pattern, modules, options, candidates, record=on_reject is not None)
+    extend = search.remaining_outputs if pattern.is_multi_output else _once
+    for _ in search.node(pattern.anchor, anchor):
+        for _ in extend():
+            match, reason = _sound_match(pattern, search.p2g, anchor, modules)
+            if match is not None:
+                yield match
+            elif on_reject is not None:
+                on_reject(reason)
+    if search.failure is not None and on_reject is not None:
+        on_reject(search.failure)
+
+
+def _once() -> Iterator[None]:
+    yield
+
+
+def _sound_match(pattern: Pattern, p2g: Mapping[Node, Any], anchor: Node,
+                 modules: Mapping[str, torch.nn.Module]) -> tuple[Match | None, Any]:
+    inner = {}
+    for pn in pattern.inner_nodes:
+        inner[p2g[pn]] = pn
+    outputs = tuple(p2g[o] for o in pattern.outputs)
+    output_set = set(outputs)
+    for gn in inner:
+        if gn in output_set:
+            continue
+        for user in gn.users:
+            if user not in inner:
+                return None, (inner[gn], gn, f"'{gn.name}' is also used by '{user.name}' outside the match")
+    bindings: dict[str, Any] = {}
+    module_paths: dict[str, str] = {}
+    for param in pattern.params:
+        value = p2g.get(pattern.placeholders[param.name], _MISSING)
+        if param.kind == "module":
+            module_paths[param.name] = value
+            value = modules[value]
+        elif isinstance(value, Node) and value in inner:
+            return None, (pattern.placeholders[param.name], value,
+                          f"variable '{param.name}' would bind '{value.name}', which the match itself computes")
+        bindings[param.name] = value
+    if pattern.is_multi_output and _creates_cycle(inner, bindings.values()):
+        return None, (pattern.anchor, anchor, "replacing the match would create a cycle through the graph")
+    nodes = tuple(sorted(inner, key=node_position))
+    return Match(pattern, bindings, nodes, outputs, anchor, module_paths), None
+
+
+def _creates_cycle(inner: Mapping[Node, Node], inputs: Iterable[Any]) -> bool:
+    """True when an input of the match depends on a node of the match (so the fused region
+    would both feed and consume it). Only nodes after the match's first node are visited."""
+    first = min(node_position(n) for n in inner)
+    stack = [v for v in inputs if isinstance(v, Node) and node_position(v) > first]
+    seen: set[Node] = set()
+    while stack:
+        n = stack.pop()
+        if n in inner:
+            return True
+        if n in seen:
+            continue
+        seen.add(n)
+        stack.extend(a for a in n.all_input_nodes if node_position(a) > first)
+    return False
+
+
+def _same_literal(a: Any, b: Any) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float) and math.isnan(a):
+        return math.isnan(b)
+    try:
+        return bool(a == b)
+    except Exception:  # values whose == is not a plain bool (e.g. tensors) never compare equal
+        return False
+
+
+def _show(value: Any) -> str:
+    return f"'{value.name}'" if isinstance(value, Node) else repr(value)
+
+
+def _op_name(n: Node) -> str:
+    if n.op == "call_function":
+        return getattr(n.target, "__name__", str(n.target))
+    if n.op == "call_method":
+        return f".{n.target}()"
+    return f"{n.op} {n.target}"
+
+
+def _arity(n: Node) -> str:
+    return f"{len(n.args)} positional, keywords {sorted(n.kwargs)}"
+
+
+def graph_modules(gm: fx.GraphModule) -> dict[str, torch.nn.Module]:
+    """Named submodules of ``gm``, the lookup table the matcher uses for module captures."""
+    return dict(gm.named_modules())

@@ -1,0 +1,272 @@
+"""Trace a rule's pattern function into a :class:`Pattern`: an fx graph plus what the matcher
+needs to know about it (variables, typed captures, outputs, the anchor and its index key).
+
+>>> import torch
+>>> def pattern(x):
+...     return torch.neg(torch.neg(x))
+>>> p = trace_pattern(pattern, rule_name="double_neg", origin="<doc>")
+>>> [param.name for param in p.params], p.anchor.target is torch.neg
+(['x'], True)
+
+Parameters are *variables* unless annotated. ``int``, ``float``, ``bool``, ``str`` and
+``torch.dtype`` annotations make a *literal capture* (it binds a Python constant in the graph);
+an ``nn.Module`` subclass makes a *module capture* (it binds a ``call_module`` node whose
+module is an instance of that class).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any, Literal
+
+import attrs
+import torch
+import torch.fx as fx
+from torch.fx.node import Node
+
+from .canon import is_commutative_call, op_key_of
+from .errors import RuleDefinitionError
+
+__all__ = ["LITERAL_TYPES", "Param", "Pattern", "pattern_from_graph", "trace_pattern"]
+
+ParamKind = Literal["tensor", "literal", "module"]
+
+#: Annotations that turn a pattern parameter into a literal capture.
+LITERAL_TYPES: tuple[type, ...] = (int, float, bool, str, torch.dtype)
+
+_INNER_OPS = frozenset({"call_function", "call_method", "call_module"})
+
+
+@attrs.frozen
+class Param:
+    """One pattern parameter: a variable (``tensor``), a literal capture or a module capture."""
+
+    name: str
+    kind: ParamKind
+    annotation: Any = None
+
+    def accepts_literal(self, value: Any) -> bool:
+        """True when ``value`` (a constant in the graph) may be bound by this literal capture."""
+        if isinstance(value, Node) or self.kind != "literal":
+            return False
+        if self.annotation is float:
+            return type(value) in (float, int)
+        return type(value) is self.annotation
+
+
+@attrs.frozen(eq=False)
+class Pattern:
+    """A traced pattern, ready to be matched.
+
+    ``graph`` is the fx graph of the pattern function; ``outputs`` are the pattern nodes it
+    returns (several for a multi-output pattern); ``anchor`` is the output the matcher starts
+    from, and ``anchor_key`` the op key under which the pattern is indexed.
+    """
+
+    graph: fx.Graph
+    params: tuple[Param, ...]
+    placeholders: Mapping[str, Node]
+    outputs: tuple[Node, ...]
+    anchor: Node
+    anchor_key: Hashable
+    param_of: Mapping[Node, Param]
+    commutative: frozenset[Node]
+    depth: int
+    #: Pattern nodes that compute something (everything but placeholders and the output).
+    inner_nodes: tuple[Node, ...]
+
+    @property
+    def is_multi_output(self) -> bool:
+        return len(self.outputs) > 1
+
+    @property
+    def module_captures(self) -> tuple[Param, ...]:
+        return tuple(p for p in self.params if p.kind == "module")
+
+
+class _ModuleCaptureStub:
+    """Stands for a module-capture parameter while a pattern is traced: calling it records a
+    ``call_module`` node whose target is the parameter's name."""
+
+    def __init__(self, tracer: fx.Tracer, param: Param) -> None:
+        self._tracer = tracer
+        self._param = param
+
+    def __call__(self, *args: Any, **kwargs: Any) -> fx.Proxy:
+        return self._tracer.create_proxy("call_module", self._param.name, args, kwargs)
+
+    def __getattr__(self, attr: str) -> Any:
+        name = self._param.name
+        raise RuleDefinitionError(
+            f"pattern reads '{name}.{attr}', but a module capture can only be called in a pattern "
+            f"('{name}(x)'); read its attributes in the replacement or in a where= guard instead."
+        )
+
+
+class _PatternTracer(fx.Tracer):
+    """A tracer that hands module-capture parameters to the pattern as call-recording stubs."""
+
+    def __init__(self, params: tuple[Param, ...]) -> None:
+        super().__init__(autowrap_functions=())
+        self._params = params
+
+    def create_args_for_root(self, root_fn, is_module, concrete_args=None):  # type: ignore[no-untyped-def]
+        fn, args = super().create_args_for_root(root_fn, is_module, concrete_args)
+        by_name = {p.name: p for p in self._params}
+        stubbed = []
+        for arg in args:
+            param = by_name.get(getattr(getattr(arg, "node", None), "target", None))
+            stubbed.append(_ModuleCaptureStub(self, param) if param and param.kind == "module" else arg)
+        return fn, stubbed
+
+
+def trace_pattern(fn: Callable[..., Any], *, rule_name: str, origin: str) -> Pattern:
+    """Trace ``fn`` with torch.fx and analyse it as a pattern.
+
+    Raises :class:`RuleDefinitionError` naming ``rule_name`` and ``origin`` when ``fn`` cannot be
+    traced or is not a valid pattern.
+    """
+    where = f"rule '{rule_name}' ({origin})"
+    params = signature_params(fn, where=where, role="pattern")
+    try:
+        graph = _PatternTracer(params).trace(fn)
+    except RuleDefinitionError as exc:
+        raise RuleDefinitionError(f"{where}: {exc}") from None
+    except Exception as exc:  # torch.fx raises TraceError, TypeError, NameError, RuntimeError ...
+        raise RuleDefinitionError(_untraceable_message(where, exc)) from exc
+    return pattern_from_graph(graph, params, where=where)
+
+
+def pattern_from_graph(graph: fx.Graph, params: tuple[Param, ...] | None = None, *, where: str) -> Pattern:
+    """Analyse an already traced pattern graph (every placeholder a variable unless ``params``
+    says otherwise)."""
+    placeholders = {n.target: n for n in graph.nodes if n.op == "placeholder"}
+    if params is None:
+        params = tuple(Param(name, "tensor") for name in placeholders)
+    param_of = {placeholders[p.name]: p for p in params}
+    outputs = _pattern_outputs(graph, where)
+    _check_nodes(graph, param_of, outputs, where)
+    anchor = outputs[-1] if len(outputs) == 1 else max(outputs, key=_position_in(graph))
+    return Pattern(
+        graph=graph,
+        params=params,
+        placeholders=placeholders,
+        outputs=outputs,
+        anchor=anchor,
+        anchor_key=op_key_of(anchor.op, anchor.target),
+        param_of=param_of,
+        commutative=frozenset(
+            n for n in graph.nodes if n.op in _INNER_OPS and is_commutative_call(n.op, n.target, n.args, n.kwargs)
+        ),
+        depth=_depth(graph),
+        inner_nodes=tuple(n for n in graph.nodes if n.op in _INNER_OPS),
+    )
+
+
+def signature_params(fn: Callable[..., Any], *, where: str, role: str) -> tuple[Param, ...]:
+    """The parameters of a pattern (or replacement) function, classified by annotation."""
+    try:
+        sig = inspect.signature(fn, eval_str=True)
+    except (NameError, TypeError, ValueError, SyntaxError) as exc:
+        raise RuleDefinitionError(f"{where}: cannot read the signature of the {role}: {exc}") from None
+    params = []
+    for p in sig.parameters.values():
+        if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.POSITIONAL_ONLY):
+            raise RuleDefinitionError(
+                f"{where}: {role} parameter '{p.name}' is {p.kind.description}; "
+                f"patterns and replacements take plain named parameters, one per variable or capture."
+            )
+        params.append(_classify(p, where=where, role=role))
+    return tuple(params)
+
+
+def _classify(p: inspect.Parameter, *, where: str, role: str) -> Param:
+    ann = p.annotation
+    if ann is inspect.Parameter.empty or ann is torch.Tensor or ann is Any:
+        return Param(p.name, "tensor")
+    if ann in LITERAL_TYPES:
+        return Param(p.name, "literal", ann)
+    if isinstance(ann, type) and issubclass(ann, torch.nn.Module):
+        return Param(p.name, "module", ann)
+    raise RuleDefinitionError(
+        f"{where}: {role} parameter '{p.name}' is annotated {ann!r}; use no annotation (or torch.Tensor) "
+        f"for a variable, one of int, float, bool, str, torch.dtype for a literal capture, or an "
+        f"nn.Module subclass for a module capture."
+    )
+
+
+def _untraceable_message(where: str, exc: Exception) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if "control flow" in text or "iteration" in text or "len(" in text or isinstance(exc, fx.proxy.TraceError):
+        fix = (
+            "A pattern is traced with torch.fx, so it cannot branch or loop on a traced value. "
+            "Move the condition into a where= guard, capture a constant with a typed parameter "
+            "(e.g. 'n: int'), or mark a helper function with torch.fx.wrap so it is matched as one call."
+        )
+    else:
+        fix = (
+            "Write the pattern with torch operations on its parameters only; call modules through a "
+            "module-capture parameter annotated with their class (e.g. 'conv: nn.Conv2d')."
+        )
+    return f"{where}: the pattern cannot be traced ({type(exc).__name__}: {text}). {fix}"
+
+
+def _pattern_outputs(graph: fx.Graph, where: str) -> tuple[Node, ...]:
+    output = next(n for n in reversed(graph.nodes) if n.op == "output")
+    result = output.args[0]
+    values = tuple(result) if isinstance(result, (tuple, list)) else (result,)
+    for v in values:
+        if not isinstance(v, Node):
+            raise RuleDefinitionError(
+                f"{where}: the pattern returns the constant {v!r}; a pattern must return the values it "
+                f"computes from its parameters."
+            )
+        if v.op == "placeholder":
+            raise RuleDefinitionError(
+                f"{where}: the pattern returns its parameter '{v.target}' unchanged, so it would match "
+                f"every value in the graph; a pattern's result must be computed by an operation."
+            )
+    return values
+
+
+def _check_nodes(graph: fx.Graph, param_of: Mapping[Node, Param], outputs: tuple[Node, ...], where: str) -> None:
+    output_set = set(outputs)
+    for n in graph.nodes:
+        if n.op == "get_attr":
+            raise RuleDefinitionError(
+                f"{where}: the pattern reads the attribute or tensor constant '{n.target}'; patterns "
+                f"cannot contain tensor constants. Pass the value as a parameter instead."
+            )
+        if n.op in _INNER_OPS and not n.users and n not in output_set:
+            raise RuleDefinitionError(
+                f"{where}: the pattern computes '{n.format_node()}' but never uses the result; "
+                f"remove it or return it."
+            )
+        param = param_of.get(n)
+        if param is not None and param.kind != "module" and not n.users:
+            raise RuleDefinitionError(
+                f"{where}: pattern parameter '{param.name}' is never used; remove it from the pattern."
+            )
+    used_modules = {n.target for n in graph.nodes if n.op == "call_module"}
+    for param in param_of.values():
+        if param.kind == "module" and param.name not in used_modules:
+            raise RuleDefinitionError(
+                f"{where}: module capture '{param.name}' is never called in the pattern; call it "
+                f"('{param.name}(x)') or remove it."
+            )
+
+
+def _position_in(graph: fx.Graph) -> Callable[[Node], int]:
+    position = {n: i for i, n in enumerate(graph.nodes)}
+    return position.__getitem__
+
+
+def _depth(graph: fx.Graph) -> int:
+    """Longest chain of computing nodes in the pattern: how far downstream a change can create
+    a new match."""
+    depth: dict[Node, int] = {}
+    for n in graph.nodes:
+        if n.op in _INNER_OPS:
+            depth[n] = 1 + max((depth.get(a, 0) for a in n.all_input_nodes), default=0)
+    return max(depth.values(), default=0)

@@ -1,0 +1,232 @@
+"""Splice one replacement into a graph by Proxy retracing.
+
+The rule's replacement function is *called* with ``torch.fx.Proxy`` objects for the tensors a
+match bound (and the real values of literal and module captures), with the graph's insertion
+point set where the matched region was. Every operation it performs records a node; Python
+logic runs at rewrite time. Calling an ``nn.Module`` records ``call_module`` (a module of the
+target keeps its path, a new one is registered under a fresh name); a tensor becomes a buffer.
+
+The splice is a transaction: if the replacement raises, or returns something unusable, every
+node, submodule and buffer it created is removed again and :class:`RewriteError` is raised,
+naming the rule, its origin and the graph node. Only then are uses rewired and the matched
+nodes erased.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.fx.node import Node
+
+from .errors import RewriteError
+from .match import Match, node_position
+from .rule import Rule
+
+__all__ = ["insertion_point", "splice"]
+
+
+class _ReplacementTracer(fx.Tracer):
+    """Records the replacement's operations into the target graph, remembering what it created."""
+
+    def __init__(self, gm: fx.GraphModule, rule: Rule, modules: dict[str, torch.nn.Module]) -> None:
+        super().__init__()
+        self.graph = gm.graph
+        self.root = gm
+        self.rule = rule
+        self.modules = modules
+        self.created: list[Node] = []
+        self.new_attributes: list[str] = []
+        self._module_paths = {id(m): name for name, m in modules.items()}
+        self._tensor_paths: dict[int, str] | None = None
+        file, _, line = rule.origin.rpartition(":")
+        self._stack_trace = (
+            f'File "{file or rule.origin}", line {line if line.isdigit() else 0}, in {rule.name}\n'
+            f"    fxrewrite rule {rule.name}\n"
+        )
+
+    def create_node(self, kind, target, args, kwargs, name=None, type_expr=None):  # type: ignore[no-untyped-def]
+        node = super().create_node(kind, target, args, kwargs, name, type_expr)
+        node.meta["stack_trace"] = self._stack_trace
+        node.meta["fxrewrite_rule"] = self.rule.name
+        self.created.append(node)
+        return node
+
+    def create_arg(self, a: Any) -> Any:
+        if isinstance(a, torch.Tensor) and not isinstance(a, fx.Proxy):
+            return self.create_node("get_attr", self._tensor_path(a), (), {})
+        return super().create_arg(a)
+
+    def _tensor_path(self, tensor: torch.Tensor) -> str:
+        if self._tensor_paths is None:
+            named = [*self.root.named_parameters(), *self.root.named_buffers()]
+            self._tensor_paths = {id(t): name for name, t in named}
+        path = self._tensor_paths.get(id(tensor))
+        if path is None:
+            path = self._fresh_name("const")
+            if isinstance(tensor, torch.nn.Parameter):
+                self.root.register_parameter(path, tensor)
+            else:
+                self.root.register_buffer(path, tensor)
+            self.new_attributes.append(path)
+            self._tensor_paths[id(tensor)] = path
+        return path
+
+    def module_call(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> fx.Proxy:
+        path = self._module_paths.get(id(module))
+        if path is None:
+            path = self._fresh_name(type(module).__name__.lower())
+            self.root.add_submodule(path, module)
+            self.new_attributes.append(path)
+            self.modules[path] = module
+            self._module_paths[id(module)] = path
+        return self.create_proxy("call_module", path, args, kwargs)
+
+    def _fresh_name(self, what: str) -> str:
+        base = re.sub(r"\W", "_", f"{self.rule.name}_{what}")
+        k = 0
+        while hasattr(self.root, f"{base}_{k}"):
+            k += 1
+        return f"{base}_{k}"
+
+    def rollback(self) -> None:
+        for node in reversed(self.created):
+            if not node._erased:
+                for user in list(node.users):
+                    user.replace_input_with(node, None)  # created nodes only feed each other
+                self.graph.erase_node(node)
+        for path in reversed(self.new_attributes):
+            delattr(self.root, path)
+            self.modules.pop(path, None)
+        self.created.clear()
+        self.new_attributes.clear()
+
+
+def _contains_proxy(values: Any) -> bool:
+    return any(isinstance(v, fx.Proxy) for v in torch.utils._pytree.tree_leaves(values))
+
+
+@contextlib.contextmanager
+def _module_calls_recorded(tracer: _ReplacementTracer) -> Iterator[None]:
+    """While active, calling any nn.Module on Proxies records a call_module node instead of
+    tracing through its forward (the same patch torch.fx's Tracer applies)."""
+    original = torch.nn.Module.__call__
+
+    def call(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if _contains_proxy((args, kwargs)):
+            return tracer.module_call(module, args, kwargs)
+        return original(module, *args, **kwargs)
+
+    torch.nn.Module.__call__ = call  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.nn.Module.__call__ = original  # type: ignore[method-assign]
+
+
+def insertion_point(match: Match) -> Node | None:
+    """Where the replacement goes: before the anchor for single-output matches; for
+    multi-output matches, the first point after every input and before every outside use of
+    an output. ``None`` when no such point exists."""
+    if len(match.outputs) == 1:
+        return match.anchor
+    inputs = [v for v in match.bindings.values() if isinstance(v, Node)]
+    after = max((node_position(v) for v in inputs), default=None)
+    inner = set(match.nodes)
+    outside_users = [u for o in match.outputs for u in o.users if u not in inner]
+    first_use = min((node_position(u) for u in outside_users), default=None)
+    for n in match.nodes:
+        if after is None or node_position(n) > after:
+            if first_use is None or node_position(n) <= first_use:
+                return n
+            break
+    if outside_users and (after is None or first_use > after):
+        return min(outside_users, key=node_position)
+    return None
+
+
+def splice(gm: fx.GraphModule, match: Match, rule: Rule, modules: dict[str, torch.nn.Module]) -> list[Node]:
+    """Replace ``match`` in ``gm.graph`` by ``rule.replacement``; returns the nodes created.
+
+    Raises :class:`RewriteError` (graph unchanged) if the replacement fails.
+    """
+    point = insertion_point(match)
+    if point is None:
+        raise RewriteError(_where(rule, match) + ": no place in the graph where the replacement's inputs "
+                           "are all computed and its results not yet used; this match cannot be rewritten.")
+    tracer = _ReplacementTracer(gm, rule, modules)
+    try:
+        with gm.graph.inserting_before(point), _module_calls_recorded(tracer):
+            result = rule.replacement(**_arguments(match, tracer))
+        new_outputs = _output_nodes(result, match, rule, tracer)
+    except Exception as exc:
+        tracer.rollback()
+        if isinstance(exc, RewriteError):
+            raise
+        raise RewriteError(
+            f"{_where(rule, match)}: the replacement raised {type(exc).__name__}: {exc}. The graph was left "
+            f"as it was before this rewrite; fix the replacement (it is called with Proxies for tensors)."
+        ) from exc
+    _rewire(match, new_outputs)
+    _erase(gm.graph, match)
+    return tracer.created
+
+
+def _where(rule: Rule, match: Match) -> str:
+    return f"rule '{rule.name}' ({rule.origin}) at graph node '{match.anchor.name}' ({match.anchor.format_node()})"
+
+
+def _arguments(match: Match, tracer: _ReplacementTracer) -> dict[str, Any]:
+    return {
+        name: fx.Proxy(value, tracer) if isinstance(value, Node) else value
+        for name, value in match.bindings.items()
+    }
+
+
+def _output_nodes(result: Any, match: Match, rule: Rule, tracer: _ReplacementTracer) -> list[Node]:
+    n_out = len(match.outputs)
+    values = list(result) if n_out > 1 and isinstance(result, (tuple, list)) else [result]
+    if len(values) != n_out:
+        got = f"{len(values)} value(s)" if isinstance(result, (tuple, list)) else f"a single {type(result).__name__}"
+        raise RewriteError(
+            f"{_where(rule, match)}: the pattern has {n_out} outputs but the replacement returned {got}; "
+            f"return a tuple with one value per pattern output, in the same order."
+        )
+    nodes = []
+    for i, value in enumerate(values):
+        if isinstance(value, fx.Proxy):
+            nodes.append(value.node)
+        elif isinstance(value, torch.Tensor):
+            with tracer.graph.inserting_before(insertion_point(match)):
+                nodes.append(tracer.create_arg(value))
+        else:
+            raise RewriteError(
+                f"{_where(rule, match)}: output {i} of the replacement is {value!r} ({type(value).__name__}), "
+                f"but the pattern matched a tensor there; return a value computed from the replacement's "
+                f"arguments (or a torch.Tensor constant)."
+            )
+    return nodes
+
+
+def _rewire(match: Match, new_outputs: list[Node]) -> None:
+    for old, new in zip(match.outputs, new_outputs):
+        if old is not new:
+            _copy_value_meta(old.meta, new.meta)
+            old.replace_all_uses_with(new)
+
+
+def _copy_value_meta(source: Mapping[str, Any], target: dict[str, Any]) -> None:
+    """The new output computes the same value as the old one: it has the same shape and dtype."""
+    for key in ("val", "tensor_meta"):
+        if key in source and key not in target:
+            target[key] = source[key]
+
+
+def _erase(graph: fx.Graph, match: Match) -> None:
+    for node in reversed(match.nodes):
+        if not node._erased:
+            graph.erase_node(node)

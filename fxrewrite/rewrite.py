@@ -1,0 +1,352 @@
+"""``rewrite``: apply a rule set to a program until nothing matches.
+
+The driver keeps one worklist per priority level, each ordered by graph position and holding
+only nodes whose op key some rule of that level can match. It always serves the highest
+level that has work, so a high-priority rule wins over a lower one wherever both could fire.
+After each rewrite only the nodes the rewrite could have affected are queued again: the new
+nodes, and what lies downstream of the new nodes and of the inputs that lost a user, as far as
+the deepest pattern reaches. A budget turns a rule set that never settles into
+:class:`DidNotConverge`. The graph is linted and recompiled once, at the end.
+
+>>> import torch
+>>> from fxrewrite import Rule, rewrite
+>>> relu_relu = Rule.from_functions(lambda x: torch.relu(torch.relu(x)), lambda x: torch.relu(x),
+...                                 name="relu_relu")
+>>> class Net(torch.nn.Module):
+...     def forward(self, x):
+...         for _ in range(5):
+...             x = torch.relu(x)
+...         return x
+>>> result = rewrite(Net(), relu_relu)
+>>> result.report.applied["relu_relu"], sum(n.target is torch.relu for n in result.module.graph.nodes)
+(4, 1)
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import heapq
+import itertools
+import logging
+import os
+import time
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import torch
+import torch.fx as fx
+from torch.fx.graph_module import _copy_attr
+from torch.fx.node import Node
+
+from .canon import op_key_of
+from .errors import DidNotConverge, FxRewriteError, RewriteError
+from .match import Match, match_at, node_position
+from .replace import splice
+from .rule import Guard, Rule, RuleSet, RulesLike, as_ruleset
+
+__all__ = ["Report", "RewriteResult", "RuleStats", "rewrite", "to_graph_module"]
+
+logger = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class RuleStats:
+    """What happened to one rule during a rewrite."""
+
+    attempts: int = 0
+    applied: int = 0
+    rejected: int = 0
+    seconds: float = 0.0
+    reasons: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class Report:
+    """Per-rule counts of a :func:`rewrite` call.
+
+    ``applied[name]`` is how often the rule fired; ``attempts[name]`` how many anchor
+    candidates it was tried at; ``rejected[name]`` how many structural matches its guards
+    refused (``reasons[name]`` says why, a few examples each).
+    """
+
+    stats: Mapping[str, RuleStats]
+    rewrites: int
+    seconds: float
+
+    @property
+    def applied(self) -> Mapping[str, int]:
+        return {name: s.applied for name, s in self.stats.items()}
+
+    @property
+    def attempts(self) -> Mapping[str, int]:
+        return {name: s.attempts for name, s in self.stats.items()}
+
+    @property
+    def rejected(self) -> Mapping[str, int]:
+        return {name: s.rejected for name, s in self.stats.items()}
+
+    @property
+    def reasons(self) -> Mapping[str, tuple[str, ...]]:
+        return {name: s.reasons for name, s in self.stats.items()}
+
+    def __str__(self) -> str:
+        width = max([len("rule"), *(len(n) for n in self.stats)])
+        lines = [f"{'rule':<{width}}  {'applied':>7}  {'tried':>7}  {'guarded':>7}  {'ms':>8}"]
+        for name, s in self.stats.items():
+            lines.append(f"{name:<{width}}  {s.applied:>7}  {s.attempts:>7}  {s.rejected:>7}  {s.seconds * 1e3:>8.2f}")
+        lines.append(f"{self.rewrites} rewrite(s) in {self.seconds * 1e3:.1f} ms")
+        return "\n".join(lines)
+
+
+@attrs.frozen
+class RewriteResult:
+    """The rewritten module (recompiled), its code and the report."""
+
+    module: fx.GraphModule
+    report: Report
+
+    @property
+    def code(self) -> str:
+        return self.module.code
+
+
+@attrs.define
+class _Tally:
+    attempts: int = 0
+    applied: int = 0
+    rejected: int = 0
+    seconds: float = 0.0
+    reasons: list[str] = attrs.Factory(list)
+
+    def freeze(self) -> RuleStats:
+        return RuleStats(self.attempts, self.applied, self.rejected, self.seconds, tuple(self.reasons))
+
+
+_MAX_REASONS = 3
+
+
+def rewrite(
+    target: torch.nn.Module | Callable[..., Any],
+    rules: RulesLike,
+    *,
+    inplace: bool = False,
+    max_rewrites: int | None = None,
+    example_inputs: Sequence[Any] | None = None,
+    debug: bool | None = None,
+) -> RewriteResult:
+    """Rewrite ``target`` with ``rules`` to a fixed point.
+
+    ``target`` is an ``nn.Module`` or a function (traced with ``torch.fx.symbolic_trace``) or a
+    ``GraphModule`` (copied unless ``inplace=True``); the caller's module is never modified
+    unless ``inplace=True``. ``max_rewrites`` bounds the number of rewrites (default: eight per
+    graph node, plus 64). ``example_inputs`` lets guards read shapes and dtypes of a graph that
+    carries no metadata (they are propagated with ``ShapeProp``). ``debug`` (or the environment
+    variable ``FXREWRITE_DEBUG=1``) lints the graph after every rewrite and names the rule after
+    which a check failed.
+    """
+    ruleset = as_ruleset(rules)
+    gm = to_graph_module(target, inplace=inplace)
+    if example_inputs is not None:
+        _propagate_shapes(gm, example_inputs)
+    budget = max_rewrites if max_rewrites is not None else 8 * len(gm.graph.nodes) + 64
+    debug = debug if debug is not None else os.environ.get("FXREWRITE_DEBUG", "") not in ("", "0")
+    started = time.perf_counter()
+    driver = _Driver(gm, ruleset, budget=budget, debug=debug)
+    try:
+        driver.run()
+    except FxRewriteError as exc:
+        if inplace and driver.rewrites:
+            gm.recompile()
+            exc.add_note(f"inplace=True: the module keeps the {driver.rewrites} rewrite(s) applied before this error.")
+        raise
+    gm.graph.lint()
+    gm.recompile()
+    report = Report({r.name: driver.tallies[r.name].freeze() for r in ruleset}, driver.rewrites,
+                    time.perf_counter() - started)
+    return RewriteResult(gm, report)
+
+
+def to_graph_module(target: Any, *, inplace: bool = False) -> fx.GraphModule:
+    """The ``GraphModule`` to rewrite: ``target`` itself (``inplace=True``), a copy of it, or
+    ``target`` traced with ``torch.fx.symbolic_trace``."""
+    if isinstance(target, fx.GraphModule):
+        return target if inplace else _copy_graph_module(target)
+    if inplace:
+        raise RewriteError(
+            f"inplace=True needs a torch.fx.GraphModule, got {type(target).__name__}; trace it first "
+            f"(gm = torch.fx.symbolic_trace(model)) or drop inplace=True."
+        )
+    if not isinstance(target, torch.nn.Module) and not callable(target):
+        raise RewriteError(
+            f"cannot rewrite {target!r} ({type(target).__name__}): pass an nn.Module, a torch.fx.GraphModule "
+            f"or a function of tensors."
+        )
+    try:
+        return fx.symbolic_trace(target)
+    except Exception as exc:
+        raise RewriteError(
+            f"torch.fx.symbolic_trace could not trace {type(target).__name__}: {type(exc).__name__}: {exc}. "
+            f"Make the model traceable (see torch.fx's limitations: no control flow on tensor values), or "
+            f"trace it yourself (e.g. with concrete_args or torch.export) and pass the GraphModule."
+        ) from exc
+
+
+def _copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
+    """A new GraphModule with a copy of ``gm``'s graph, sharing parameters and submodules with it.
+
+    The copy is not recompiled here: ``rewrite`` recompiles once, after rewriting.
+    """
+    graph = copy.deepcopy(gm.graph)
+    placeholder_graph = fx.Graph()
+    placeholder_graph.output(None)
+    new = fx.GraphModule(torch.nn.Module(), placeholder_graph, class_name=type(gm).__name__)
+    for node in graph.nodes:
+        if node.op in ("get_attr", "call_module"):
+            _copy_attr(gm, new, node.target)
+    new._graph = graph  # the graph setter would recompile now; rewrite() recompiles at the end
+    graph.owning_module = new
+    new.meta = copy.copy(getattr(gm, "meta", {}))
+    return new
+
+
+def _propagate_shapes(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
+    from torch.fx.passes.shape_prop import ShapeProp
+
+    try:
+        ShapeProp(gm).propagate(*example_inputs)
+    except Exception as exc:
+        raise RewriteError(
+            f"could not propagate shapes with the given example_inputs: {type(exc).__name__}: {exc}. "
+            f"Pass one value per forward() argument, as you would call the model."
+        ) from exc
+
+
+class _Driver:
+    """The worklist: one queue of graph nodes per priority level, served highest first."""
+
+    def __init__(self, gm: fx.GraphModule, ruleset: RuleSet, *, budget: int, debug: bool) -> None:
+        self.gm = gm
+        self.graph = gm.graph
+        self.ruleset = ruleset
+        self.budget = budget
+        self.debug = debug
+        self.tallies = {r.name: _Tally() for r in ruleset}
+        self.rewrites = 0
+        self.recent: collections.deque[str] = collections.deque(maxlen=64)
+        self.levels = sorted({r.priority for r in ruleset}, reverse=True)
+        self.by_level: dict[int, dict[Hashable, list[Rule]]] = {p: {} for p in self.levels}
+        for r in ruleset:  # RuleSet order within a level
+            self.by_level[r.priority].setdefault(r.anchor_key, []).append(r)
+        self.reach = max((r.compiled.depth for r in ruleset), default=1)
+        self.needs_modules = any(r.compiled.module_captures for r in ruleset)
+        self.modules: dict[str, torch.nn.Module] = dict(gm.named_modules()) if self.needs_modules else {}
+        self.seq = itertools.count()
+        self.queues: dict[int, list[tuple[Any, int, Node]]] = {}
+        self.queued: dict[int, set[Node]] = {}
+        for p in self.levels:
+            keys = self.by_level[p]
+            nodes = [n for n in self.graph.nodes if op_key_of(n.op, n.target) in keys]
+            self.queues[p] = [(node_position(n), next(self.seq), n) for n in nodes]  # already a heap
+            self.queued[p] = set(nodes)
+
+    def run(self) -> None:
+        while True:
+            level = next((p for p in self.levels if self.queues[p]), None)
+            if level is None:
+                return
+            _, _, node = heapq.heappop(self.queues[level])
+            self.queued[level].discard(node)
+            if not node._erased:
+                self._visit(node, level)
+
+    def _visit(self, node: Node, level: int) -> None:
+        for rule in self.by_level[level].get(op_key_of(node.op, node.target), ()):
+            tally = self.tallies[rule.name]
+            tally.attempts += 1
+            for match in match_at(rule.compiled, node, self.gm, modules=self.modules):
+                if self._guards_pass(rule, match, tally):
+                    self._apply(rule, match, tally)
+                    return
+
+    def _guards_pass(self, rule: Rule, match: Match, tally: _Tally) -> bool:
+        for guard in rule.where:
+            try:
+                ok = bool(guard(match))
+            except Exception as exc:
+                raise RewriteError(
+                    f"rule '{rule.name}' ({rule.origin}): guard {describe_guard(guard)} raised "
+                    f"{type(exc).__name__}: {exc} at graph node '{match.anchor.name}' "
+                    f"({match.anchor.format_node()}). Fix the guard; no rewrite was applied here."
+                ) from exc
+            if not ok:
+                tally.rejected += 1
+                if len(tally.reasons) < _MAX_REASONS:
+                    tally.reasons.append(f"at '{match.anchor.name}': guard {describe_guard(guard)} returned False")
+                return False
+        return True
+
+    def _apply(self, rule: Rule, match: Match, tally: _Tally) -> None:
+        if self.rewrites >= self.budget:
+            raise self._did_not_converge()
+        inputs = [v for v in match.bindings.values() if isinstance(v, Node)]
+        started = time.perf_counter()
+        created = splice(self.gm, match, rule, self.modules)
+        tally.seconds += time.perf_counter() - started
+        tally.applied += 1
+        self.rewrites += 1
+        self.recent.append(rule.name)
+        logger.debug("rule %s rewrote %s into %d node(s)", rule.name, match.anchor, len(created))
+        if self.debug:
+            self._lint_after(rule)
+        self._requeue(created, inputs)
+
+    def _requeue(self, created: list[Node], inputs: Iterable[Node]) -> None:
+        frontier = [n for n in (*created, *inputs) if not n._erased]
+        seen = set(frontier)
+        for n in created:
+            if not n._erased:
+                self._push(n)
+        for _ in range(self.reach):
+            next_frontier = []
+            for n in frontier:
+                for user in n.users:
+                    if user not in seen:
+                        seen.add(user)
+                        next_frontier.append(user)
+                        self._push(user)
+            frontier = next_frontier
+
+    def _push(self, node: Node) -> None:
+        key = op_key_of(node.op, node.target)
+        for p in self.levels:
+            if key in self.by_level[p] and node not in self.queued[p]:
+                self.queued[p].add(node)
+                heapq.heappush(self.queues[p], (node_position(node), next(self.seq), node))
+
+    def _lint_after(self, rule: Rule) -> None:
+        try:
+            self.graph.lint()
+        except Exception as exc:
+            raise RewriteError(
+                f"debug check: the graph fails lint after rule '{rule.name}' ({rule.origin}) was applied: {exc}"
+            ) from exc
+
+    def _did_not_converge(self) -> DidNotConverge:
+        counts = collections.Counter(self.recent).most_common()
+        firing = ", ".join(f"'{name}' ({k}x)" for name, k in counts)
+        origins = "; ".join(f"{name} at {self.ruleset[name].origin}" for name, _ in counts)
+        return DidNotConverge(
+            f"the rewrite did not reach a fixed point within {self.budget} rewrites; the last "
+            f"{len(self.recent)} rewrites were by {firing}. Rules that undo each other (a rule and its "
+            f"inverse) never settle: remove one, or add a where= guard. ({origins}). Raise max_rewrites "
+            f"if the graph really needs more rewrites."
+        )
+
+
+def describe_guard(guard: Guard) -> str:
+    """``name (file:line)`` of a guard, for messages."""
+    name = getattr(guard, "__qualname__", None) or getattr(guard, "__name__", None) or repr(guard)
+    code = getattr(guard, "__code__", None)
+    return f"{name} ({code.co_filename}:{code.co_firstlineno})" if code else name

@@ -1,0 +1,273 @@
+"""Rules and rule sets.
+
+A :class:`Rule` is a pattern function, a replacement function and how to apply them (guards,
+priority). It is validated and its pattern traced when it is built, so a bad rule fails at its
+definition, with its name and ``file:line``, before it touches any graph.
+
+>>> import torch
+>>> def pattern(x):
+...     "Replaces neg(neg(x)) by x."
+...     return torch.neg(torch.neg(x))
+>>> def replacement(x):
+...     return x
+>>> r = Rule.from_functions(pattern, replacement, name="double_neg")
+>>> r.name, r.priority, r.doc
+('double_neg', 0, 'Replaces neg(neg(x)) by x.')
+
+The decorator form names the rule after the pattern function::
+
+    @fxrewrite.rule(priority=1)
+    def double_neg(x):
+        "Replaces neg(neg(x)) by x."
+        return torch.neg(torch.neg(x))
+
+    @double_neg.replacement
+    def double_neg(x):
+        return x
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from typing import Any, Union
+
+import attrs
+
+from .errors import RuleDefinitionError
+from .pattern import Param, Pattern, signature_params, trace_pattern
+
+__all__ = ["Guard", "Rule", "RuleBuilder", "RuleSet", "RulesLike", "as_ruleset", "rule"]
+
+Guard = Callable[[Any], bool]
+
+
+def _origin_of(fn: Callable[..., Any]) -> str:
+    """``file:line`` where ``fn`` is defined, or ``<unknown>``."""
+    code = getattr(inspect.unwrap(fn), "__code__", None)
+    if code is None:
+        return "<unknown>"
+    return f"{code.co_filename}:{code.co_firstlineno}"
+
+
+def _guards(where: Guard | Iterable[Guard] | None, context: str) -> tuple[Guard, ...]:
+    if where is None:
+        return ()
+    guards = (where,) if callable(where) else tuple(where)
+    for g in guards:
+        if not callable(g):
+            raise RuleDefinitionError(
+                f"{context}: where= must be a callable taking the match (or a tuple of them), got {g!r}."
+            )
+    return guards
+
+
+@attrs.frozen(eq=False)
+class Rule:
+    """A rewrite rule: wherever ``pattern`` occurs, compute ``replacement`` instead.
+
+    Build one with :meth:`from_functions` or the :func:`rule` decorator. ``compiled`` is the
+    traced :class:`~fxrewrite.pattern.Pattern`; ``origin`` is the ``file:line`` of the
+    definition; ``tolerance`` and ``domain`` are declarations read by :mod:`fxrewrite.testing`.
+    """
+
+    name: str
+    pattern: Callable[..., Any]
+    replacement: Callable[..., Any]
+    compiled: Pattern = attrs.field(repr=False)
+    where: tuple[Guard, ...] = ()
+    priority: int = 0
+    doc: str | None = None
+    origin: str = "<unknown>"
+    tolerance: Mapping[str, float] | None = None
+    domain: Mapping[str, Any] | None = None
+
+    @classmethod
+    def from_functions(
+        cls,
+        pattern: Callable[..., Any],
+        replacement: Callable[..., Any],
+        *,
+        name: str | None = None,
+        where: Guard | Iterable[Guard] | None = (),
+        priority: int = 0,
+        doc: str | None = None,
+        origin: str | None = None,
+        tolerance: Mapping[str, float] | None = None,
+        domain: Mapping[str, Any] | None = None,
+    ) -> Rule:
+        """Build a rule from a pattern function and a replacement function.
+
+        The replacement must accept every parameter of the pattern, by name; it is called with
+        ``Proxy`` objects for tensors and the real values of literal and module captures.
+        """
+        name = name or getattr(pattern, "__name__", None) or "rule"
+        if name == "<lambda>":
+            name = "rule"
+        origin = origin or _origin_of(pattern)
+        context = f"rule '{name}' ({origin})"
+        if not callable(pattern) or not callable(replacement):
+            raise RuleDefinitionError(f"{context}: pattern and replacement must be functions.")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise RuleDefinitionError(f"{context}: priority must be an int, got {priority!r}.")
+        compiled = trace_pattern(pattern, rule_name=name, origin=origin)
+        _check_replacement_signature(compiled.params, replacement, context)
+        return cls(
+            name=name,
+            pattern=pattern,
+            replacement=replacement,
+            compiled=compiled,
+            where=_guards(where, context),
+            priority=priority,
+            doc=doc if doc is not None else _first_doc_line(pattern),
+            origin=origin,
+            tolerance=tolerance,
+            domain=domain,
+        )
+
+    @property
+    def anchor_key(self) -> Hashable:
+        return self.compiled.anchor_key
+
+    def __repr__(self) -> str:
+        return f"<Rule {self.name} priority={self.priority} at {self.origin}>"
+
+
+def _first_doc_line(fn: Callable[..., Any]) -> str | None:
+    doc = inspect.getdoc(fn)
+    return doc.strip().splitlines()[0] if doc else None
+
+
+def _check_replacement_signature(params: tuple[Param, ...], replacement: Callable[..., Any], context: str) -> None:
+    try:
+        sig = inspect.signature(replacement)
+    except (TypeError, ValueError) as exc:
+        raise RuleDefinitionError(f"{context}: cannot read the replacement's signature: {exc}") from None
+    names = [p.name for p in params]
+    accepts_any = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+    for p in sig.parameters.values():
+        if p.kind in (p.VAR_KEYWORD,):
+            continue
+        if p.kind in (p.VAR_POSITIONAL, p.POSITIONAL_ONLY):
+            raise RuleDefinitionError(
+                f"{context}: replacement parameter '{p.name}' cannot be passed by name; the replacement is "
+                f"called with the pattern's parameters as keywords ({', '.join(names)})."
+            )
+        if p.name not in names and p.default is p.empty:
+            raise RuleDefinitionError(
+                f"{context}: replacement parameter '{p.name}' is not a pattern parameter (the pattern has "
+                f"{', '.join(names)}); name the replacement's parameters after the pattern's."
+            )
+    missing = [n for n in names if n not in sig.parameters]
+    if missing and not accepts_any:
+        raise RuleDefinitionError(
+            f"{context}: the replacement does not accept the pattern parameter(s) {', '.join(missing)}; "
+            f"give it the same parameters as the pattern ({', '.join(names)}), even if it ignores some."
+        )
+
+
+class RuleBuilder:
+    """What ``@fxrewrite.rule`` returns: a pattern waiting for its replacement."""
+
+    def __init__(self, pattern: Callable[..., Any], options: dict[str, Any]) -> None:
+        self.pattern = pattern
+        self.options = options
+
+    def replacement(self, fn: Callable[..., Any]) -> Rule:
+        """Decorate the replacement function; returns the finished :class:`Rule`."""
+        return Rule.from_functions(self.pattern, fn, **self.options)
+
+    def __repr__(self) -> str:
+        return f"<pattern {self.pattern.__name__} awaiting @{self.pattern.__name__}.replacement>"
+
+
+def rule(
+    pattern: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    where: Guard | Iterable[Guard] | None = (),
+    priority: int = 0,
+    doc: str | None = None,
+    tolerance: Mapping[str, float] | None = None,
+    domain: Mapping[str, Any] | None = None,
+) -> Any:
+    """Decorator: mark a pattern function; then decorate its replacement with
+    ``@<pattern>.replacement`` to obtain the :class:`Rule`. Usable bare (``@rule``) or with
+    options (``@rule(priority=2, where=...)``)."""
+    options = dict(name=name, where=where, priority=priority, doc=doc, tolerance=tolerance, domain=domain)
+
+    def wrap(fn: Callable[..., Any]) -> RuleBuilder:
+        return RuleBuilder(fn, options)
+
+    return wrap(pattern) if pattern is not None else wrap
+
+
+RulesLike = Union[Rule, "RuleSet", Iterable[Rule]]
+
+
+@attrs.frozen(eq=False)
+class RuleSet:
+    """An ordered collection of rules with unique names, indexed by anchor op key.
+
+    >>> import torch
+    >>> rs = RuleSet([Rule.from_functions(lambda x: torch.neg(torch.neg(x)), lambda x: x, name="double_neg")])
+    >>> len(rs), rs["double_neg"].name, [r.name for r in rs]
+    (1, 'double_neg', ['double_neg'])
+    """
+
+    rules: tuple[Rule, ...] = attrs.field(converter=tuple)
+    index: Mapping[Hashable, tuple[Rule, ...]] = attrs.field(init=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        seen: dict[str, Rule] = {}
+        for r in self.rules:
+            if not isinstance(r, Rule):
+                raise RuleDefinitionError(f"RuleSet takes Rule objects, got {r!r} ({type(r).__name__}).")
+            if r.name in seen:
+                raise RuleDefinitionError(
+                    f"two rules are named '{r.name}': one at {seen[r.name].origin}, one at {r.origin}; "
+                    f"rename one of them (rule names must be unique in a rule set)."
+                )
+            seen[r.name] = r
+        index: dict[Hashable, list[Rule]] = {}
+        for r in sorted(self.rules, key=lambda r: -r.priority):
+            index.setdefault(r.anchor_key, []).append(r)
+        object.__setattr__(self, "index", {k: tuple(v) for k, v in index.items()})
+
+    def __iter__(self) -> Iterator[Rule]:
+        return iter(self.rules)
+
+    def __len__(self) -> int:
+        return len(self.rules)
+
+    def __getitem__(self, name: str) -> Rule:
+        for r in self.rules:
+            if r.name == name:
+                return r
+        raise KeyError(f"no rule named '{name}'; the rule set has {[r.name for r in self.rules]}")
+
+    def __contains__(self, name: object) -> bool:
+        return any(r.name == name for r in self.rules)
+
+    def __add__(self, other: RulesLike) -> RuleSet:
+        return RuleSet((*self.rules, *as_ruleset(other).rules))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(r.name for r in self.rules)
+
+
+def as_ruleset(rules: RulesLike) -> RuleSet:
+    """Accept a :class:`Rule`, a :class:`RuleSet` or an iterable of rules."""
+    if isinstance(rules, RuleSet):
+        return rules
+    if isinstance(rules, Rule):
+        return RuleSet((rules,))
+    if isinstance(rules, RuleBuilder):
+        raise RuleDefinitionError(
+            f"{rules!r} has no replacement yet; decorate one with @{rules.pattern.__name__}.replacement."
+        )
+    try:
+        return RuleSet(tuple(rules))
+    except TypeError:
+        raise RuleDefinitionError(f"expected a Rule, a RuleSet or an iterable of rules, got {rules!r}.") from None
