@@ -11,6 +11,8 @@ plain hashable tuples:
 ('call_method', 'transpose')
 >>> op_key_of("call_module", "encoder.layers.0")   # modules are matched by isinstance
 ('call_module',)
+>>> op_key_of("get_attr", "weight")                 # attributes are matched by value type
+('get_attr',)
 
 A commutative node's first two positional operands may be swapped without changing the
 value, provided it has no keyword arguments (``torch.add(x, y, alpha=2)`` is not symmetric):
@@ -77,7 +79,7 @@ COMMUTATIVE_METHODS: frozenset[str] = frozenset(
 
 def op_key_of(op: str, target: Any) -> Hashable:
     """The index key of a node with opcode ``op`` and ``target``."""
-    if op == "call_module":
+    if op in ("call_module", "get_attr"):
         return (op,)
     return (op, target)
 

@@ -131,6 +131,8 @@ class Match:
     outputs: tuple[Node, ...]
     anchor: Node
     module_paths: Mapping[str, str] = attrs.field(factory=dict)
+    #: Every pattern node (placeholders included) mapped to the graph value it matched.
+    node_map: Mapping[Node, Any] = attrs.field(factory=dict, repr=False)
 
     def __getitem__(self, name: str) -> Any:
         value = self._binding(name)
@@ -261,6 +263,9 @@ class _Search:
         if len(pn.args) != len(gv.args) or pn.kwargs.keys() != gv.kwargs.keys():
             self.fail(pn, gv, f"arguments differ: pattern {_arity(pn)}, graph {_arity(gv)}")
             return
+        if pn.op == "get_attr" and not _same_attribute_kind(pn, gv):
+            self.fail(pn, gv, f"attribute '{gv.target}' is not a tensor like the pattern's '{pn.target}'")
+            return
         self.bind(pn, gv)
         if pn.op == "call_module":
             yield from self.module(pn, gv)
@@ -385,7 +390,7 @@ def _sound_match(pattern: Pattern, p2g: Mapping[Node, Any], anchor: Node,
     if pattern.is_multi_output and _creates_cycle(inner, bindings.values()):
         return None, (pattern.anchor, anchor, "replacing the match would create a cycle through the graph")
     nodes = tuple(sorted(inner, key=node_position))
-    return Match(pattern, bindings, nodes, outputs, anchor, module_paths), None
+    return Match(pattern, bindings, nodes, outputs, anchor, module_paths, dict(p2g)), None
 
 
 def _creates_cycle(inner: Mapping[Node, Node], inputs: Iterable[Any]) -> bool:
@@ -403,6 +408,19 @@ def _creates_cycle(inner: Mapping[Node, Node], inputs: Iterable[Any]) -> bool:
         seen.add(n)
         stack.extend(a for a in n.all_input_nodes if node_position(a) > first)
     return False
+
+
+def _attribute(node: Node) -> Any:
+    owner = node.graph.owning_module
+    value: Any = owner
+    for part in str(node.target).split("."):
+        value = getattr(value, part, None)
+    return value
+
+
+def _same_attribute_kind(pn: Node, gn: Node) -> bool:
+    """torch.fx's rule for ``get_attr`` in patterns: any tensor attribute matches a tensor."""
+    return isinstance(_attribute(pn), torch.Tensor) and isinstance(_attribute(gn), torch.Tensor)
 
 
 def _same_literal(a: Any, b: Any) -> bool:

@@ -35,7 +35,7 @@ ParamKind = Literal["tensor", "literal", "module"]
 #: Annotations that turn a pattern parameter into a literal capture.
 LITERAL_TYPES: tuple[type, ...] = (int, float, bool, str, torch.dtype)
 
-_INNER_OPS = frozenset({"call_function", "call_method", "call_module"})
+_INNER_OPS = frozenset({"call_function", "call_method", "call_module", "get_attr"})
 
 
 @attrs.frozen
@@ -138,15 +138,17 @@ def trace_pattern(fn: Callable[..., Any], *, rule_name: str, origin: str) -> Pat
     return pattern_from_graph(graph, params, where=where)
 
 
-def pattern_from_graph(graph: fx.Graph, params: tuple[Param, ...] | None = None, *, where: str) -> Pattern:
+def pattern_from_graph(graph: fx.Graph, params: tuple[Param, ...] | None = None, *, where: str,
+                       allow_attributes: bool = False) -> Pattern:
     """Analyse an already traced pattern graph (every placeholder a variable unless ``params``
-    says otherwise)."""
+    says otherwise). ``allow_attributes`` admits ``get_attr`` nodes (torch.fx-style patterns,
+    where they match any tensor attribute)."""
     placeholders = {n.target: n for n in graph.nodes if n.op == "placeholder"}
     if params is None:
         params = tuple(Param(name, "tensor") for name in placeholders)
     param_of = {placeholders[p.name]: p for p in params}
     outputs = _pattern_outputs(graph, where)
-    _check_nodes(graph, param_of, outputs, where)
+    _check_nodes(graph, param_of, outputs, where, allow_attributes)
     anchor = outputs[-1] if len(outputs) == 1 else max(outputs, key=_position_in(graph))
     return Pattern(
         graph=graph,
@@ -230,15 +232,16 @@ def _pattern_outputs(graph: fx.Graph, where: str) -> tuple[Node, ...]:
     return values
 
 
-def _check_nodes(graph: fx.Graph, param_of: Mapping[Node, Param], outputs: tuple[Node, ...], where: str) -> None:
+def _check_nodes(graph: fx.Graph, param_of: Mapping[Node, Param], outputs: tuple[Node, ...], where: str,
+                 allow_attributes: bool) -> None:
     output_set = set(outputs)
     for n in graph.nodes:
-        if n.op == "get_attr":
+        if n.op == "get_attr" and not allow_attributes:
             raise RuleDefinitionError(
                 f"{where}: the pattern reads the attribute or tensor constant '{n.target}'; patterns "
                 f"cannot contain tensor constants. Pass the value as a parameter instead."
             )
-        if n.op in _INNER_OPS and not n.users and n not in output_set:
+        if n.op in (*_INNER_OPS, "get_attr") and not n.users and n not in output_set:
             raise RuleDefinitionError(
                 f"{where}: the pattern computes '{n.format_node()}' but never uses the result; "
                 f"remove it or return it."
