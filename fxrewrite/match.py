@@ -395,9 +395,9 @@ def _sound_match(pattern: Pattern, p2g: Mapping[Node, Any], anchor: Node,
 
 def _creates_cycle(inner: Mapping[Node, Node], inputs: Iterable[Any]) -> bool:
     """True when an input of the match depends on a node of the match (so the fused region
-    would both feed and consume it). Only nodes after the match's first node are visited."""
+    would both feed and consume it). Only nodes from the match's first node on are visited."""
     first = min(node_position(n) for n in inner)
-    stack = [v for v in inputs if isinstance(v, Node) and node_position(v) > first]
+    stack = [v for v in inputs if isinstance(v, Node) and node_position(v) >= first]
     seen: set[Node] = set()
     while stack:
         n = stack.pop()
@@ -406,7 +406,7 @@ def _creates_cycle(inner: Mapping[Node, Node], inputs: Iterable[Any]) -> bool:
         if n in seen:
             continue
         seen.add(n)
-        stack.extend(a for a in n.all_input_nodes if node_position(a) > first)
+        stack.extend(a for a in n.all_input_nodes if node_position(a) >= first)
     return False
 
 

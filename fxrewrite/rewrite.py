@@ -43,7 +43,7 @@ from torch.fx.node import Node
 from .canon import op_key_of
 from .errors import DidNotConverge, FxRewriteError, RewriteError
 from .match import Match, match_at, node_position
-from .replace import splice
+from .replace import insertion_point, splice
 from .rule import Guard, Rule, RuleSet, RulesLike, as_ruleset
 
 __all__ = ["Report", "RewriteResult", "RuleStats", "rewrite", "to_graph_module"]
@@ -266,6 +266,8 @@ class _Driver:
             tally = self.tallies[rule.name]
             tally.attempts += 1
             for match in match_at(rule.compiled, node, self.gm, modules=self.modules):
+                if insertion_point(match) is None:
+                    continue  # multi-output match whose outputs are used before its inputs exist
                 if self._guards_pass(rule, match, tally):
                     self._apply(rule, match, tally)
                     return

@@ -1,0 +1,216 @@
+"""Rules and rule sets: construction, validation and the errors a bad rule gets."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+import fxrewrite
+from fxrewrite import Rule, RuleDefinitionError, RuleSet
+
+
+def neg_neg(x):
+    """Replaces neg(neg(x)) by x."""
+    return torch.neg(torch.neg(x))
+
+
+def identity(x):
+    return x
+
+
+def test_from_functions_records_name_doc_and_origin():
+    r = Rule.from_functions(neg_neg, identity)
+    assert r.name == "neg_neg"
+    assert r.doc == "Replaces neg(neg(x)) by x."
+    assert re.fullmatch(r".*test_rule\.py:\d+", r.origin)
+    assert r.priority == 0 and r.where == ()
+
+
+def test_explicit_name_doc_priority_override_defaults():
+    r = Rule.from_functions(neg_neg, identity, name="nn", doc="Replaces it.", priority=3)
+    assert (r.name, r.doc, r.priority) == ("nn", "Replaces it.", 3)
+
+
+def test_decorator_form_builds_a_rule_named_after_the_pattern():
+    @fxrewrite.rule
+    def double_neg(x):
+        return torch.neg(torch.neg(x))
+
+    @double_neg.replacement
+    def double_neg(x):  # noqa: F811 - the decorator form rebinds the name to the Rule
+        return x
+
+    assert isinstance(double_neg, Rule) and double_neg.name == "double_neg"
+
+
+def test_decorator_with_options_passes_them_to_the_rule():
+    @fxrewrite.rule(priority=5, where=lambda m: True, doc="Replaces relu(relu(x)) by relu(x).")
+    def relu_relu(x):
+        return torch.relu(torch.relu(x))
+
+    @relu_relu.replacement
+    def relu_relu(x):  # noqa: F811
+        return torch.relu(x)
+
+    assert relu_relu.priority == 5 and len(relu_relu.where) == 1
+    assert relu_relu.doc.startswith("Replaces")
+
+
+def test_replacement_missing_a_pattern_parameter_is_an_error():
+    def pattern(x, y):
+        return torch.add(x, y)
+
+    with pytest.raises(RuleDefinitionError, match=r"rule 'pattern' .*does not accept the pattern parameter\(s\) y"):
+        Rule.from_functions(pattern, lambda x: x)
+
+
+def test_replacement_with_a_parameter_the_pattern_lacks_is_an_error():
+    with pytest.raises(RuleDefinitionError, match=r"replacement parameter 'z' is not a pattern parameter"):
+        Rule.from_functions(neg_neg, lambda x, z: x)
+
+
+def test_replacement_taking_kwargs_accepts_every_pattern_parameter():
+    r = Rule.from_functions(neg_neg, lambda **kw: kw["x"])
+    assert r.name == "neg_neg"
+
+
+def test_pattern_with_control_flow_names_rule_origin_and_fix():
+    def branchy(x):
+        if x.sum() > 0:
+            return torch.relu(x)
+        return x
+
+    with pytest.raises(RuleDefinitionError) as info:
+        Rule.from_functions(branchy, lambda x: x)
+    message = str(info.value)
+    assert "rule 'branchy'" in message and "test_rule.py:" in message
+    assert "cannot be traced" in message and "where=" in message and "torch.fx.wrap" in message
+
+
+def test_pattern_with_unsupported_builtin_is_an_error():
+    def uses_len(x):
+        return x.view(len(x), -1)
+
+    with pytest.raises(RuleDefinitionError, match="cannot be traced"):
+        Rule.from_functions(uses_len, lambda x: x)
+
+
+def test_pattern_returning_a_parameter_is_an_error():
+    with pytest.raises(RuleDefinitionError, match="returns its parameter 'x' unchanged"):
+        Rule.from_functions(identity, identity)
+
+
+def test_pattern_with_unused_parameter_is_an_error():
+    def pattern(x, y):
+        return torch.relu(x)
+
+    with pytest.raises(RuleDefinitionError, match="parameter 'y' is never used"):
+        Rule.from_functions(pattern, lambda x, y: x)
+
+
+def test_pattern_with_dead_computation_is_an_error():
+    def pattern(x):
+        torch.sin(x)
+        return torch.relu(x)
+
+    with pytest.raises(RuleDefinitionError, match="never uses the result"):
+        Rule.from_functions(pattern, lambda x: x)
+
+
+def test_unsupported_annotation_is_an_error():
+    def pattern(x: list):
+        return torch.relu(x)
+
+    with pytest.raises(RuleDefinitionError, match="annotated <class 'list'>"):
+        Rule.from_functions(pattern, lambda x: x)
+
+
+def test_unused_module_capture_is_an_error():
+    def pattern(x, lin: torch.nn.Linear):
+        return torch.relu(x)
+
+    with pytest.raises(RuleDefinitionError, match="module capture 'lin' is never called"):
+        Rule.from_functions(pattern, lambda x, lin: x)
+
+
+def test_module_capture_attribute_read_in_pattern_is_an_error():
+    def pattern(x, lin: torch.nn.Linear):
+        return lin(x) + lin.bias
+
+    with pytest.raises(RuleDefinitionError, match=r"reads 'lin.bias'"):
+        Rule.from_functions(pattern, lambda x, lin: x)
+
+
+def test_pattern_with_star_args_is_an_error():
+    def pattern(*xs):
+        return torch.relu(xs[0])
+
+    with pytest.raises(RuleDefinitionError, match="plain named parameters"):
+        Rule.from_functions(pattern, lambda *xs: xs[0])
+
+
+def test_priority_must_be_an_int():
+    with pytest.raises(RuleDefinitionError, match="priority must be an int"):
+        Rule.from_functions(neg_neg, identity, priority="high")
+
+
+def test_where_must_be_callable():
+    with pytest.raises(RuleDefinitionError, match="where= must be a callable"):
+        Rule.from_functions(neg_neg, identity, where=("x > 0",))
+
+
+def test_ruleset_rejects_duplicate_names_naming_both_origins():
+    a = Rule.from_functions(neg_neg, identity, origin="a.py:1")
+    b = Rule.from_functions(neg_neg, identity, origin="b.py:7")
+    with pytest.raises(RuleDefinitionError, match=r"two rules are named 'neg_neg': one at a.py:1, one at b.py:7"):
+        RuleSet([a, b])
+
+
+def test_ruleset_indexes_rules_by_anchor_op_highest_priority_first():
+    low = Rule.from_functions(neg_neg, identity, name="low")
+    high = Rule.from_functions(neg_neg, identity, name="high", priority=2)
+    relu = Rule.from_functions(lambda x: torch.relu(torch.relu(x)), lambda x: torch.relu(x), name="relu")
+    rs = RuleSet([low, high, relu])
+    assert [r.name for r in rs.index[("call_function", torch.neg)]] == ["high", "low"]
+    assert [r.name for r in rs.index[("call_function", torch.relu)]] == ["relu"]
+    assert rs.names == ("low", "high", "relu") and "relu" in rs and rs["relu"] is relu
+
+
+def test_ruleset_lookup_of_missing_rule_lists_the_names():
+    rs = RuleSet([Rule.from_functions(neg_neg, identity)])
+    with pytest.raises(KeyError, match="no rule named 'nope'"):
+        rs["nope"]
+
+
+def test_ruleset_rejects_non_rules():
+    with pytest.raises(RuleDefinitionError, match="RuleSet takes Rule objects"):
+        RuleSet(["neg_neg"])
+
+
+def test_rules_are_accepted_as_rule_ruleset_or_iterable():
+    r = Rule.from_functions(neg_neg, identity)
+    for rules in (r, RuleSet([r]), [r], (r for r in [r])):
+        result = fxrewrite.rewrite(lambda a: torch.neg(torch.neg(a)), rules)
+        assert result.report.applied == {"neg_neg": 1}
+
+
+def test_pattern_without_replacement_is_a_clear_error():
+    @fxrewrite.rule
+    def unfinished(x):
+        return torch.relu(x)
+
+    with pytest.raises(RuleDefinitionError, match=r"has no replacement yet; decorate one with @unfinished.replacement"):
+        fxrewrite.rewrite(lambda a: torch.relu(a), unfinished)
+
+
+def test_error_types_are_importable_from_the_package_and_subclass_builtins():
+    assert issubclass(fxrewrite.RuleDefinitionError, ValueError)
+    assert issubclass(fxrewrite.RuleSyntaxError, SyntaxError)
+    assert issubclass(fxrewrite.RewriteError, RuntimeError)
+    assert issubclass(fxrewrite.DidNotConverge, fxrewrite.RewriteError)
+    assert issubclass(fxrewrite.NotEquivalent, AssertionError)
+    for name in ("RuleDefinitionError", "RuleSyntaxError", "RuleLoadError", "RewriteError", "DidNotConverge",
+                 "MetadataError", "NotEquivalent"):
+        assert issubclass(getattr(fxrewrite, name), fxrewrite.FxRewriteError)
