@@ -349,6 +349,6 @@ class _Driver:
 
 def describe_guard(guard: Guard) -> str:
     """``name (file:line)`` of a guard, for messages."""
-    name = getattr(guard, "__qualname__", None) or getattr(guard, "__name__", None) or repr(guard)
+    name = getattr(guard, "__name__", None) or repr(guard)
     code = getattr(guard, "__code__", None)
     return f"{name} ({code.co_filename}:{code.co_firstlineno})" if code else name

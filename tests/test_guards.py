@@ -1,0 +1,126 @@
+"""where= guards: what they see, how rejections are reported, and errors they raise."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.fx as fx
+
+from fxrewrite import MetadataError, RewriteError, Rule, TensorView, rewrite
+
+
+def relu_relu(**kw):
+    return Rule.from_functions(lambda x: torch.relu(torch.relu(x)), lambda x: torch.relu(x), name="relu_relu", **kw)
+
+
+def f(a):
+    return torch.relu(torch.relu(a))
+
+
+def test_guard_reads_shape_from_example_inputs():
+    wide = relu_relu(where=lambda m: m["x"].shape[-1] >= 8)
+    assert rewrite(f, wide, example_inputs=(torch.randn(2, 16),)).report.applied["relu_relu"] == 1
+    narrow = rewrite(f, wide, example_inputs=(torch.randn(2, 4),))
+    assert narrow.report.applied["relu_relu"] == 0
+    assert narrow.report.rejected["relu_relu"] == 1
+    assert "returned False" in narrow.report.reasons["relu_relu"][0]
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(narrow.module(x), f(x))
+    narrow.module.graph.lint()
+
+
+def test_guard_sees_dtype_dim_device_and_the_node():
+    seen = {}
+
+    def guard(m):
+        view = m["x"]
+        seen.update(dtype=view.dtype, dim=view.dim(), ndim=view.ndim, device=view.device, node=m.node("x").name,
+                    size=view.size(-1), has_x="x" in m, keys=list(m.keys()), repr=repr(view))
+        return True
+
+    result = rewrite(f, relu_relu(where=guard), example_inputs=(torch.randn(3, 5, dtype=torch.float64),))
+    assert result.report.applied["relu_relu"] == 1
+    assert seen == {"dtype": torch.float64, "dim": 2, "ndim": 2, "device": torch.device("cpu"), "node": "a",
+                    "size": 5, "has_x": True, "keys": ["x"], "repr": "TensorView(a)"}
+
+
+def test_guard_reads_meta_val_when_the_graph_carries_it():
+    gm = fx.symbolic_trace(f)
+    placeholder = next(iter(gm.graph.nodes))
+    placeholder.meta["val"] = torch.empty(7, 9)
+    result = rewrite(gm, relu_relu(where=lambda m: m["x"].shape == (7, 9)))
+    assert result.report.applied["relu_relu"] == 1
+
+
+def test_guard_gets_literal_and_module_captures_as_values():
+    def pattern(x, lin: torch.nn.Linear, s: float):
+        return lin(x) * s
+
+    seen = []
+
+    def guard(m):
+        seen.append((type(m["lin"]).__name__, m["s"], m.node("lin").op))
+        return m["s"] > 1
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 2)
+
+        def forward(self, x):
+            return self.lin(x) * 0.5 + self.lin(x) * 3.0
+
+    r = Rule.from_functions(pattern, lambda x, lin, s: lin(x * s), where=guard, name="scale_in")
+    model = M()
+    result = rewrite(model, r)
+    assert set(seen) == {("Linear", 0.5, "call_module"), ("Linear", 3.0, "call_module")}
+    assert result.report.applied["scale_in"] == 1 and result.report.rejected["scale_in"] >= 1
+    x = torch.randn(4, 2)
+    torch.testing.assert_close(result.module(x), model(x))
+
+
+def test_guard_reading_a_literal_node_raises_type_error_with_hint():
+    def pattern(x, s: float):
+        return torch.relu(x * s)
+
+    r = Rule.from_functions(pattern, lambda x, s: torch.relu(x * s), where=lambda m: m.node("s") is None, name="r")
+    with pytest.raises(RewriteError, match=r"bound the constant 2.0, not a graph node"):
+        rewrite(lambda a: torch.relu(a * 2.0), r)
+
+
+def test_several_guards_must_all_pass():
+    both = relu_relu(where=(lambda m: True, lambda m: False))
+    result = rewrite(f, both)
+    assert result.report.applied["relu_relu"] == 0 and result.report.rejected["relu_relu"] == 1
+
+
+def test_guard_that_raises_is_an_error_naming_the_rule_and_node():
+    def broken(m):
+        raise ZeroDivisionError("boom")
+
+    with pytest.raises(RewriteError) as info:
+        rewrite(f, relu_relu(where=broken))
+    message = str(info.value)
+    assert "rule 'relu_relu'" in message and "guard broken" in message and "ZeroDivisionError: boom" in message
+    assert "graph node 'relu_1'" in message
+
+
+def test_guard_needing_missing_metadata_says_how_to_provide_it():
+    with pytest.raises(RewriteError) as info:
+        rewrite(f, relu_relu(where=lambda m: m["x"].shape[-1] > 1))
+    assert isinstance(info.value.__cause__, MetadataError)
+    assert "example_inputs=" in str(info.value) and "ShapeProp" in str(info.value)
+
+
+def test_bad_example_inputs_are_a_clear_error():
+    with pytest.raises(RewriteError, match="could not propagate shapes"):
+        rewrite(lambda a, b: a + b, relu_relu(), example_inputs=(torch.randn(2),))
+
+
+def test_unknown_binding_name_lists_the_parameters():
+    with pytest.raises(RewriteError, match=r"the pattern has no parameter 'y'; it has \['x'\]"):
+        rewrite(f, relu_relu(where=lambda m: m["y"]))
+
+
+def test_tensor_view_is_exported():
+    assert TensorView.__name__ == "TensorView"

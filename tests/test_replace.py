@@ -1,0 +1,144 @@
+"""Splicing a replacement in: failures leave the graph exactly as it was."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.fx as fx
+
+from fxrewrite import RewriteError, Rule, rewrite
+
+
+def snapshot(gm: fx.GraphModule):
+    return gm.code, [n.format_node() for n in gm.graph.nodes], sorted(dict(gm.named_children())), \
+        sorted(dict(gm.named_buffers()))
+
+
+def traced():
+    return fx.symbolic_trace(lambda a: torch.neg(torch.neg(a)) + torch.relu(a))
+
+
+def neg_neg(replacement, **kw):
+    return Rule.from_functions(lambda x: torch.neg(torch.neg(x)), replacement, name="neg_neg", **kw)
+
+
+def test_replacement_that_raises_leaves_the_graph_untouched_and_names_the_rule():
+    def replacement(x):
+        y = torch.sigmoid(x)  # a node is created before the failure ...
+        torch.nn.Linear(1, 1)(y)  # ... and a module registered
+        raise ValueError("cannot do it")
+
+    gm = traced()
+    before = snapshot(gm)
+    with pytest.raises(RewriteError) as info:
+        rewrite(gm, neg_neg(replacement), inplace=True)
+    message = str(info.value)
+    assert "rule 'neg_neg'" in message and "test_replace.py:" in message and "graph node 'neg_1'" in message
+    assert "ValueError: cannot do it" in message and "left as it was" in message
+    assert snapshot(gm) == before
+    gm.graph.lint()
+    x = torch.randn(3)
+    torch.testing.assert_close(gm(x), x + torch.relu(x))
+
+
+def test_failure_after_earlier_rewrites_in_place_keeps_them_and_says_so():
+    calls = []
+
+    def replacement(x):
+        calls.append(x)
+        if len(calls) == 2:
+            raise RuntimeError("second time fails")
+        return x
+
+    gm = fx.symbolic_trace(lambda a: torch.neg(torch.neg(a)) + torch.neg(torch.neg(a * 2)))
+    with pytest.raises(RewriteError) as info:
+        rewrite(gm, neg_neg(replacement), inplace=True)
+    assert "keeps the 1 rewrite(s) applied before this error" in "\n".join(getattr(info.value, "__notes__", []))
+    gm.graph.lint()
+    x = torch.randn(3)
+    torch.testing.assert_close(gm(x), x + x * 2)  # consistent code: recompiled after the rollback
+
+
+def test_failing_rewrite_never_touches_the_callers_module():
+    gm = traced()
+    before = snapshot(gm)
+    with pytest.raises(RewriteError):
+        rewrite(gm, neg_neg(lambda x: 1 / 0))
+    assert snapshot(gm) == before
+
+
+def test_replacement_returning_wrong_number_of_values_is_an_error():
+    def pattern(x):
+        return torch.sin(x), torch.cos(x)
+
+    r = Rule.from_functions(pattern, lambda x: torch.sin(x), name="sincos")
+    gm = fx.symbolic_trace(lambda a: torch.sin(a) + torch.cos(a))
+    before = snapshot(gm)
+    with pytest.raises(RewriteError, match=r"the pattern has 2 outputs but the replacement returned a single Proxy"):
+        rewrite(gm, r, inplace=True)
+    assert snapshot(gm) == before
+
+
+def test_replacement_returning_a_non_tensor_is_an_error():
+    gm = traced()
+    before = snapshot(gm)
+    with pytest.raises(RewriteError, match=r"output 0 of the replacement is 3 \(int\)"):
+        rewrite(gm, neg_neg(lambda x: 3), inplace=True)
+    assert snapshot(gm) == before
+
+
+def test_replacement_returning_a_tensor_constant_becomes_a_buffer():
+    gm = fx.symbolic_trace(lambda a: torch.neg(torch.neg(torch.zeros(2) * a)))
+    result = rewrite(gm, neg_neg(lambda x: torch.ones(2)))
+    assert [n.op for n in result.module.graph.nodes].count("get_attr") >= 1
+    torch.testing.assert_close(result.module(torch.randn(2)), torch.ones(2))
+
+
+def test_python_logic_in_replacement_runs_at_rewrite_time():
+    def pattern(x, n: int):
+        return torch.roll(x, n)
+
+    def replacement(x, n: int):
+        return x if n % 4 == 0 else torch.roll(x, n % 4)
+
+    r = Rule.from_functions(pattern, replacement, name="roll_mod", where=lambda m: m["n"] >= 4)
+    f = lambda a: torch.roll(a, 8) + torch.roll(a, 5)  # noqa: E731
+    result = rewrite(f, r)
+    assert "torch.roll(a, 1)" in result.code and "torch.roll(a, 8)" not in result.code
+    x = torch.arange(4.0)
+    torch.testing.assert_close(result.module(x), f(x))
+
+
+def test_value_metadata_moves_to_the_new_output():
+    gm = traced()
+    for n in gm.graph.nodes:
+        if n.name == "neg_1":
+            n.meta["val"] = torch.empty(3)
+    result = rewrite(gm, neg_neg(lambda x: torch.mul(x, 1.0)))
+    mul = next(n for n in result.module.graph.nodes if n.target is torch.mul)
+    assert mul.meta["val"].shape == (3,)
+
+
+def test_target_that_is_not_a_module_is_an_error():
+    with pytest.raises(RewriteError, match=r"cannot rewrite 42 \(int\)"):
+        rewrite(42, neg_neg(lambda x: x))
+
+
+def test_untraceable_target_is_an_error_with_advice():
+    class Branchy(torch.nn.Module):
+        def forward(self, x):
+            return x if x.sum() > 0 else -x
+
+    with pytest.raises(RewriteError, match="symbolic_trace could not trace Branchy.*concrete_args or torch.export"):
+        rewrite(Branchy(), neg_neg(lambda x: x))
+
+
+def test_inplace_needs_a_graph_module():
+    with pytest.raises(RewriteError, match="inplace=True needs a torch.fx.GraphModule"):
+        rewrite(torch.nn.ReLU(), neg_neg(lambda x: x), inplace=True)
+
+
+def test_debug_mode_lints_after_each_rewrite(monkeypatch):
+    monkeypatch.setenv("FXREWRITE_DEBUG", "1")
+    result = rewrite(traced(), neg_neg(lambda x: x))
+    assert result.report.applied["neg_neg"] == 1
