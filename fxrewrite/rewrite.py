@@ -162,6 +162,8 @@ def rewrite(
             exc.add_note(f"inplace=True: the module keeps the {driver.rewrites} rewrite(s) applied before this error.")
         raise
     gm.graph.lint()
+    if driver.rewrites:
+        gm.delete_all_unused_submodules()  # e.g. the conv and bn a folding rule replaced
     gm.recompile()
     report = Report({r.name: driver.tallies[r.name].freeze() for r in ruleset}, driver.rewrites,
                     time.perf_counter() - started)
