@@ -10,6 +10,7 @@ meaning fits, so ``except ValueError`` keeps working for callers who do not know
      ├── RewriteError          (RuntimeError)   applying a rule to a graph failed; graph untouched
      │    └── DidNotConverge                    the rewrite budget ran out (rules undo each other)
      ├── MetadataError         (LookupError)    a guard needs shapes/dtypes the graph does not carry
+     ├── TargetError           (ValueError)     a model given to the CLI cannot be imported, built or traced
      └── NotEquivalent         (AssertionError) a rewrite changed what the program computes
 
 Messages say what happened, where (rule name and ``file:line``, graph node) and what to do.
@@ -26,6 +27,7 @@ __all__ = [
     "RuleDefinitionError",
     "RuleLoadError",
     "RuleSyntaxError",
+    "TargetError",
 ]
 
 
@@ -55,6 +57,10 @@ class DidNotConverge(RewriteError):
 
 class MetadataError(FxRewriteError, LookupError):
     """A guard asked for a shape, dtype or device that the graph's nodes do not carry."""
+
+
+class TargetError(FxRewriteError, ValueError):
+    """A model named on the command line cannot be imported, built, traced or exported."""
 
 
 class NotEquivalent(FxRewriteError, AssertionError):

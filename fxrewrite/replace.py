@@ -44,9 +44,10 @@ class _ReplacementTracer(fx.Tracer):
         self._module_paths = {id(m): name for name, m in modules.items()}
         self._tensor_paths: dict[int, str] | None = None
         file, _, line = rule.origin.rpartition(":")
+        summary = f"fxrewrite rule {rule.name}" + (f": {rule.doc}" if rule.doc else "")
         self._stack_trace = (
             f'File "{file or rule.origin}", line {line if line.isdigit() else 0}, in {rule.name}\n'
-            f"    fxrewrite rule {rule.name}\n"
+            f"    {summary}\n"
         )
 
     def create_node(self, kind, target, args, kwargs, name=None, type_expr=None):  # type: ignore[no-untyped-def]

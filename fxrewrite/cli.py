@@ -1,0 +1,151 @@
+"""The ``fxrewrite`` command line: wiring only, the work is done by the library.
+
+    fxrewrite apply TARGET [--rules PATH ...] [-o OUT] [--check] [--diff] [--export]
+    fxrewrite list [PATHS ...]
+
+Exit status: 0 on success, 1 when ``--check`` finds a difference, 2 on an error (the message
+says what failed and what to do).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+import torch
+import torch.fx as fx
+
+from .codegen import annotated_code, code_diff, write_module
+from .errors import FxRewriteError, TargetError
+from .rule import RuleSet
+from .target import Target, load_target
+
+__all__ = ["main"]
+
+
+def _load_rules(paths: Sequence[str] | None) -> RuleSet:
+    from .loader import load_rules
+
+    if not paths:
+        return load_rules()
+    rules = RuleSet(())
+    for path in paths:
+        rules = rules + load_rules(path)
+    return rules
+
+
+def _graph_module(target: Target, export: bool) -> fx.GraphModule:
+    if not export:
+        try:
+            return fx.symbolic_trace(target.model)
+        except Exception as exc:
+            raise TargetError(
+                f"torch.fx.symbolic_trace failed on '{target.spec}': {type(exc).__name__}: {exc}. Try --export "
+                f"(torch.export handles data-dependent Python better), or make the model traceable."
+            ) from exc
+    if target.example_inputs is None:
+        raise TargetError(f"--export needs example inputs: define example_inputs() next to '{target.spec}'.")
+    try:
+        exported = torch.export.export(target.model, target.example_inputs)
+    except Exception as exc:
+        raise TargetError(
+            f"torch.export.export failed on '{target.spec}': {type(exc).__name__}: {exc}. Drop --export to use "
+            f"symbolic tracing, or fix what torch.export reports."
+        ) from exc
+    module = exported.module()
+    if not isinstance(module, fx.GraphModule):
+        raise TargetError(f"torch.export returned a {type(module).__name__}, not a GraphModule; cannot rewrite it.")
+    return module
+
+
+def _check(target: Target, rewritten: torch.nn.Module, out: TextIO) -> bool:
+    if target.example_inputs is None:
+        raise TargetError(f"--check needs example inputs: define example_inputs() next to '{target.spec}'.")
+    with torch.no_grad():
+        expected = target.model(*target.example_inputs)
+        actual = rewritten(*target.example_inputs)
+    try:
+        torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5)
+    except AssertionError as exc:
+        print(f"check: FAILED, the rewritten module differs from the original on example_inputs():\n{exc}", file=out)
+        return False
+    print("check: ok, the rewritten module matches the original on example_inputs()", file=out)
+    return True
+
+
+def _print_report(report: Any, out: TextIO) -> None:
+    active = {name: s for name, s in report.stats.items() if s.attempts or s.applied}
+    width = max([len("rule"), *(len(n) for n in active)])
+    print(f"{'rule':<{width}}  {'fired':>6}  {'guarded':>7}  {'tried':>6}  {'ms':>8}", file=out)
+    for name, s in active.items():
+        print(f"{name:<{width}}  {s.applied:>6}  {s.rejected:>7}  {s.attempts:>6}  {s.seconds * 1e3:>8.2f}", file=out)
+    idle = len(report.stats) - len(active)
+    print(f"{report.rewrites} rewrite(s) in {report.seconds * 1e3:.1f} ms; {idle} rule(s) found no candidate",
+          file=out)
+
+
+def cmd_apply(args: argparse.Namespace, out: TextIO) -> int:
+    from .rewrite import rewrite
+
+    target = load_target(args.target)
+    rules = _load_rules(args.rules)
+    before = _graph_module(target, args.export)
+    print(f"{target.spec}: {len(before.graph.nodes)} nodes, {len(rules)} rules", file=out)
+    result = rewrite(before, rules)
+    _print_report(result.report, out)
+    if args.diff:
+        print(code_diff(before, result.module, fromfile=f"{args.target} (before)", tofile="after"), file=out)
+    if args.show_code:
+        print(annotated_code(result.module), file=out)
+    if args.output:
+        folder = write_module(result.module, args.output)
+        print(f"wrote the rewritten module to {folder}/ (import it with: from {folder.name} import "
+              f"RewrittenModule)", file=out)
+    if args.check and not _check(target, result.module, out):
+        return 1
+    return 0
+
+
+def cmd_list(args: argparse.Namespace, out: TextIO) -> int:
+    rules = _load_rules(args.paths)
+    for r in rules:
+        print(f"{r.name}  [priority {r.priority}]  {r.origin}\n    {r.doc or '(no doc)'}", file=out)
+    print(f"{len(rules)} rule(s)", file=out)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fxrewrite", description="Pattern-rewriting rules for PyTorch programs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    apply = sub.add_parser("apply", help="rewrite a model with a rule set and report what changed")
+    apply.add_argument("target", help="path/to/file.py:NAME or package.module:NAME (module, class or factory)")
+    apply.add_argument("--rules", action="append", metavar="PATH",
+                       help="rule file or directory (repeatable; default: the shipped standard library)")
+    apply.add_argument("-o", "--output", metavar="OUT", help="write the rewritten module to this folder")
+    apply.add_argument("--check", action="store_true", help="compare outputs on example_inputs() before and after")
+    apply.add_argument("--diff", action="store_true", help="print a unified diff of the forward code")
+    apply.add_argument("--show-code", action="store_true", help="print the rewritten code with provenance comments")
+    apply.add_argument("--export", action="store_true", help="capture the model with torch.export instead of tracing")
+    apply.set_defaults(run=cmd_apply)
+
+    listing = sub.add_parser("list", help="list rules with their origin, priority and doc")
+    listing.add_argument("paths", nargs="*", metavar="PATH", help="rule files or directories (default: shipped)")
+    listing.set_defaults(run=cmd_list)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args, out))
+    except FxRewriteError as exc:
+        print(f"fxrewrite {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
