@@ -260,7 +260,8 @@ class _Search:
         if self.options.injective and gv in self.used:
             self.fail(pn, gv, f"graph node '{gv.name}' is already matched by another pattern node")
             return
-        if len(pn.args) != len(gv.args) or pn.kwargs.keys() != gv.kwargs.keys():
+        values = comparable_arguments(pn, gv)
+        if values is None:
             self.fail(pn, gv, f"arguments differ: pattern {_arity(pn)}, graph {_arity(gv)}")
             return
         if pn.op == "get_attr" and not _same_attribute_kind(pn, gv):
@@ -268,18 +269,18 @@ class _Search:
             return
         self.bind(pn, gv)
         if pn.op == "call_module":
-            yield from self.module(pn, gv)
+            yield from self.module(pn, gv, values)
         else:
-            yield from self.arguments(pn, gv)
+            yield from self.arguments(pn, gv, values)
         self.unbind(pn)
 
-    def module(self, pn: Node, gn: Node) -> Iterator[None]:
+    def module(self, pn: Node, gn: Node, values: tuple[tuple[Any, ...], tuple[Any, ...]]) -> Iterator[None]:
         capture = self.pattern.placeholders.get(pn.target)
         param = self.pattern.param_of.get(capture) if capture is not None else None
         module = self.modules.get(gn.target)
         if param is None or param.kind != "module":  # a torch.fx-style pattern naming a submodule path
             if gn.target == pn.target:
-                yield from self.arguments(pn, gn)
+                yield from self.arguments(pn, gn, values)
             else:
                 self.fail(pn, gn, f"module differs: pattern calls '{pn.target}', graph calls '{gn.target}'")
             return
@@ -287,11 +288,10 @@ class _Search:
             self.fail(pn, gn, f"module '{gn.target}' is a {type(module).__name__}, not a {param.annotation.__name__}")
             return
         for _ in self.node(capture, gn.target):
-            yield from self.arguments(pn, gn)
+            yield from self.arguments(pn, gn, values)
 
-    def arguments(self, pn: Node, gn: Node) -> Iterator[None]:
-        p_values = (*pn.args, *pn.kwargs.values())
-        g_values = (*gn.args, *(gn.kwargs[k] for k in pn.kwargs))
+    def arguments(self, pn: Node, gn: Node, values: tuple[tuple[Any, ...], tuple[Any, ...]]) -> Iterator[None]:
+        p_values, g_values = values
         yield from self.sequence(p_values, g_values, 0)
         if (self.options.commutative and pn in self.pattern.commutative
                 and is_commutative_call(gn.op, gn.target, gn.args, gn.kwargs) and gn.args[0] is not gn.args[1]):
@@ -408,6 +408,30 @@ def _creates_cycle(inner: Mapping[Node, Node], inputs: Iterable[Any]) -> bool:
         seen.add(n)
         stack.extend(a for a in n.all_input_nodes if node_position(a) >= first)
     return False
+
+
+def comparable_arguments(pn: Node, gn: Node) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
+    """The argument values of two calls of the same op, lined up for comparison; ``None`` when
+    they cannot be lined up. Calls of an ATen ``OpOverload`` are lined up by its schema, with
+    defaults filled in, so ``aten.sum.dim_IntList(x, [1])`` and ``(x, [1], False)`` compare equal."""
+    if len(pn.args) == len(gn.args) and pn.kwargs.keys() == gn.kwargs.keys():
+        return (*pn.args, *pn.kwargs.values()), (*gn.args, *(gn.kwargs[k] for k in pn.kwargs))
+    if pn.op == "call_function" and isinstance(pn.target, torch._ops.OpOverload):
+        schema = pn.target._schema.arguments
+        return _by_schema(schema, pn.args, pn.kwargs), _by_schema(schema, gn.args, gn.kwargs)
+    return None
+
+
+def _by_schema(schema: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
+    values = []
+    for i, argument in enumerate(schema):
+        if argument.name in kwargs:
+            values.append(kwargs[argument.name])
+        elif not argument.kwarg_only and i < len(args):
+            values.append(args[i])
+        else:
+            values.append(argument.default_value)
+    return tuple(values)
 
 
 def _attribute(node: Node) -> Any:
