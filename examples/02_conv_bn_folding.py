@@ -85,6 +85,11 @@ def trained_model(seed: int = 0) -> SmallResNet:
     return model.eval()
 
 
+def example_inputs() -> tuple[torch.Tensor]:
+    """Inputs for `fxrewrite apply examples/02_conv_bn_folding.py:trained_model --check`."""
+    return (torch.randn(2, 3, 16, 16),)
+
+
 def main() -> fxrewrite.RewriteResult:
     model = trained_model()
     x = torch.randn(2, 3, 16, 16)
