@@ -1,0 +1,31 @@
+"""Every ```python block in README.md and docs/*.md runs.
+
+Blocks of one file run in order in one namespace, so a page can build on its earlier blocks,
+with the repository root as the working directory.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+
+def python_blocks(page: Path) -> list[str]:
+    return BLOCK.findall(page.read_text())
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if python_blocks(p)], ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_python_blocks_run(page, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    namespace: dict = {"__name__": f"docs_{page.stem}"}
+    for i, block in enumerate(python_blocks(page)):
+        try:
+            exec(compile(block, f"{page.name}[block {i}]", "exec"), namespace)
+        except Exception as exc:
+            raise AssertionError(f"{page.name}: python block {i} failed: {type(exc).__name__}: {exc}\n{block}") from exc
