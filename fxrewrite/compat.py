@@ -164,16 +164,18 @@ def _splice_copy(graph: fx.Graph, match: InternalMatch, pattern_graph: fx.Graph,
             f"the replacement takes {len(placeholders)} inputs but the pattern binds "
             f"{len(match.placeholder_nodes)}; give the replacement the same parameters as the pattern."
         )
+    returned = next(n for n in reversed(replacement.nodes) if n.op == "output").args[0]
+    n_returned = len(returned) if isinstance(returned, (tuple, list)) else 1
+    if n_returned != len(match.returning_nodes):  # checked before the graph is touched
+        raise ValueError(
+            f"the pattern returns {len(match.returning_nodes)} values but the replacement returns "
+            f"{n_returned}; both must return the same number of values."
+        )
     _follow_earlier_replacements(match, changed)
     val_map: dict[Node, Any] = dict(zip(placeholders, match.placeholder_nodes))
     with graph.inserting_before(_insert_point(match)):
         copied = graph.graph_copy(replacement, val_map)
     outputs = (copied,) if isinstance(copied, Node) else tuple(copied)  # type: ignore[arg-type]
-    if len(outputs) != len(match.returning_nodes):
-        raise ValueError(
-            f"the pattern returns {len(match.returning_nodes)} values but the replacement returns "
-            f"{len(outputs)}; both must return the same number of values."
-        )
     inputs = set(n for n in match.placeholder_nodes if isinstance(n, Node))
     new_nodes = [v for v in val_map.values() if isinstance(v, Node) and v not in inputs]
     for old, new in zip(match.returning_nodes, outputs):

@@ -14,9 +14,8 @@ nodes erased.
 
 from __future__ import annotations
 
-import contextlib
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -27,22 +26,32 @@ from .errors import RewriteError
 from .match import Match, node_position
 from .rule import Rule
 
-__all__ = ["insertion_point", "splice"]
+__all__ = ["Splicer", "insertion_point"]
 
 
 class _ReplacementTracer(fx.Tracer):
-    """Records the replacement's operations into the target graph, remembering what it created."""
+    """Records a replacement's operations into the target graph, remembering what it created.
 
-    def __init__(self, gm: fx.GraphModule, rule: Rule, modules: dict[str, torch.nn.Module]) -> None:
+    One tracer serves a whole ``rewrite`` call (building an fx Tracer is not cheap);
+    :meth:`begin` points it at the next rule.
+    """
+
+    def __init__(self, gm: fx.GraphModule, modules: dict[str, torch.nn.Module]) -> None:
         super().__init__()
         self.graph = gm.graph
         self.root = gm
-        self.rule = rule
         self.modules = modules
+        self.rule: Rule | None = None
         self.created: list[Node] = []
         self.new_attributes: list[str] = []
         self._module_paths = {id(m): name for name, m in modules.items()}
         self._tensor_paths: dict[int, str] | None = None
+        self._stack_trace = ""
+
+    def begin(self, rule: Rule) -> None:
+        self.rule = rule
+        self.created = []
+        self.new_attributes = []
         file, _, line = rule.origin.rpartition(":")
         summary = f"fxrewrite rule {rule.name}" + (f": {rule.doc}" if rule.doc else "")
         self._stack_trace = (
@@ -53,7 +62,7 @@ class _ReplacementTracer(fx.Tracer):
     def create_node(self, kind, target, args, kwargs, name=None, type_expr=None):  # type: ignore[no-untyped-def]
         node = super().create_node(kind, target, args, kwargs, name, type_expr)
         node.meta["stack_trace"] = self._stack_trace
-        node.meta["fxrewrite_rule"] = self.rule.name
+        node.meta["fxrewrite_rule"] = self.rule.name if self.rule else None
         self.created.append(node)
         return node
 
@@ -88,7 +97,7 @@ class _ReplacementTracer(fx.Tracer):
         return self.create_proxy("call_module", path, args, kwargs)
 
     def _fresh_name(self, what: str) -> str:
-        base = re.sub(r"\W", "_", f"{self.rule.name}_{what}")
+        base = re.sub(r"\W", "_", f"{self.rule.name if self.rule else 'fxrewrite'}_{what}")
         k = 0
         while hasattr(self.root, f"{base}_{k}"):
             k += 1
@@ -101,32 +110,76 @@ class _ReplacementTracer(fx.Tracer):
                     user.replace_input_with(node, None)  # created nodes only feed each other
                 self.graph.erase_node(node)
         for path in reversed(self.new_attributes):
+            value = getattr(self.root, path)
             delattr(self.root, path)
             self.modules.pop(path, None)
-        self.created.clear()
-        self.new_attributes.clear()
+            self._module_paths.pop(id(value), None)
+            if self._tensor_paths is not None:
+                self._tensor_paths.pop(id(value), None)
+        self.created = []
+        self.new_attributes = []
 
 
 def _contains_proxy(values: Any) -> bool:
     return any(isinstance(v, fx.Proxy) for v in torch.utils._pytree.tree_leaves(values))
 
 
-@contextlib.contextmanager
-def _module_calls_recorded(tracer: _ReplacementTracer) -> Iterator[None]:
-    """While active, calling any nn.Module on Proxies records a call_module node instead of
-    tracing through its forward (the same patch torch.fx's Tracer applies)."""
-    original = torch.nn.Module.__call__
+class Splicer:
+    """Splices replacements into one GraphModule; use it as a context manager around a
+    ``rewrite`` call.
 
-    def call(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        if _contains_proxy((args, kwargs)):
-            return tracer.module_call(module, args, kwargs)
-        return original(module, *args, **kwargs)
+    While active, calling any ``nn.Module`` on Proxies records a ``call_module`` node instead of
+    tracing through its ``forward`` (the patch torch.fx's Tracer applies too); the patch is
+    installed once per rewrite, because changing ``nn.Module.__call__`` invalidates Python's
+    type caches for every module class.
+    """
 
-    torch.nn.Module.__call__ = call  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        torch.nn.Module.__call__ = original  # type: ignore[method-assign]
+    def __init__(self, gm: fx.GraphModule, modules: dict[str, torch.nn.Module]) -> None:
+        self.gm = gm
+        self.tracer = _ReplacementTracer(gm, modules)
+        self._original_call: Any = None
+
+    def __enter__(self) -> Splicer:
+        original = self._original_call = torch.nn.Module.__call__
+        tracer = self.tracer
+
+        def call(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+            if _contains_proxy((args, kwargs)):
+                return tracer.module_call(module, args, kwargs)
+            return original(module, *args, **kwargs)
+
+        torch.nn.Module.__call__ = call  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        torch.nn.Module.__call__ = self._original_call  # type: ignore[method-assign]
+
+    def splice(self, match: Match, rule: Rule) -> list[Node]:
+        """Replace ``match`` by ``rule.replacement``; returns the nodes created.
+
+        Raises :class:`RewriteError` (graph unchanged) if the replacement fails.
+        """
+        point = insertion_point(match)
+        if point is None:
+            raise RewriteError(_where(rule, match) + ": no place in the graph where the replacement's inputs "
+                               "are all computed and its results not yet used; this match cannot be rewritten.")
+        tracer = self.tracer
+        tracer.begin(rule)
+        try:
+            with self.gm.graph.inserting_before(point):
+                result = rule.replacement(**_arguments(match, tracer))
+                new_outputs = _output_nodes(result, match, rule, tracer)
+        except Exception as exc:
+            tracer.rollback()
+            if isinstance(exc, RewriteError):
+                raise
+            raise RewriteError(
+                f"{_where(rule, match)}: the replacement raised {type(exc).__name__}: {exc}. The graph was left "
+                f"as it was before this rewrite; fix the replacement (it is called with Proxies for tensors)."
+            ) from exc
+        _rewire(match, new_outputs)
+        _erase(self.gm.graph, match)
+        return tracer.created
 
 
 def insertion_point(match: Match) -> Node | None:
@@ -148,33 +201,6 @@ def insertion_point(match: Match) -> Node | None:
     if outside_users and (after is None or first_use > after):
         return min(outside_users, key=node_position)
     return None
-
-
-def splice(gm: fx.GraphModule, match: Match, rule: Rule, modules: dict[str, torch.nn.Module]) -> list[Node]:
-    """Replace ``match`` in ``gm.graph`` by ``rule.replacement``; returns the nodes created.
-
-    Raises :class:`RewriteError` (graph unchanged) if the replacement fails.
-    """
-    point = insertion_point(match)
-    if point is None:
-        raise RewriteError(_where(rule, match) + ": no place in the graph where the replacement's inputs "
-                           "are all computed and its results not yet used; this match cannot be rewritten.")
-    tracer = _ReplacementTracer(gm, rule, modules)
-    try:
-        with gm.graph.inserting_before(point), _module_calls_recorded(tracer):
-            result = rule.replacement(**_arguments(match, tracer))
-        new_outputs = _output_nodes(result, match, rule, tracer)
-    except Exception as exc:
-        tracer.rollback()
-        if isinstance(exc, RewriteError):
-            raise
-        raise RewriteError(
-            f"{_where(rule, match)}: the replacement raised {type(exc).__name__}: {exc}. The graph was left "
-            f"as it was before this rewrite; fix the replacement (it is called with Proxies for tensors)."
-        ) from exc
-    _rewire(match, new_outputs)
-    _erase(gm.graph, match)
-    return tracer.created
 
 
 def _where(rule: Rule, match: Match) -> str:
@@ -202,8 +228,7 @@ def _output_nodes(result: Any, match: Match, rule: Rule, tracer: _ReplacementTra
         if isinstance(value, fx.Proxy):
             nodes.append(value.node)
         elif isinstance(value, torch.Tensor):
-            with tracer.graph.inserting_before(insertion_point(match)):
-                nodes.append(tracer.create_arg(value))
+            nodes.append(tracer.create_arg(value))
         else:
             raise RewriteError(
                 f"{_where(rule, match)}: output {i} of the replacement is {value!r} ({type(value).__name__}), "

@@ -43,7 +43,7 @@ from torch.fx.node import Node
 from .canon import op_key_of
 from .errors import DidNotConverge, FxRewriteError, RewriteError
 from .match import Match, match_at, node_position
-from .replace import insertion_point, splice
+from .replace import Splicer, insertion_point
 from .rule import Guard, Rule, RuleSet, RulesLike, as_ruleset
 
 __all__ = ["Report", "RewriteResult", "RuleStats", "rewrite", "to_graph_module"]
@@ -244,6 +244,7 @@ class _Driver:
         self.reach = max((r.compiled.depth for r in ruleset), default=1)
         self.needs_modules = any(r.compiled.module_captures for r in ruleset)
         self.modules: dict[str, torch.nn.Module] = dict(gm.named_modules()) if self.needs_modules else {}
+        self.splicer = Splicer(gm, self.modules)
         self.seq = itertools.count()
         self.queues: dict[int, list[tuple[Any, int, Node]]] = {}
         self.queued: dict[int, set[Node]] = {}
@@ -254,6 +255,10 @@ class _Driver:
             self.queued[p] = set(nodes)
 
     def run(self) -> None:
+        with self.splicer:
+            self._drain()
+
+    def _drain(self) -> None:
         while True:
             level = next((p for p in self.levels if self.queues[p]), None)
             if level is None:
@@ -296,7 +301,7 @@ class _Driver:
             raise self._did_not_converge()
         inputs = [v for v in match.bindings.values() if isinstance(v, Node)]
         started = time.perf_counter()
-        created = splice(self.gm, match, rule, self.modules)
+        created = self.splicer.splice(match, rule)
         tally.seconds += time.perf_counter() - started
         tally.applied += 1
         self.rewrites += 1

@@ -933,6 +933,51 @@ def test_disconnected_two_output_pattern(api):
 
 
 @both_apis
+def test_two_anchors_with_several_candidates_each(api):
+    """Every (relu, neg) pair is a candidate; torch.fx keeps the first non-overlapping ones in
+    the order of its backtracking over the anchors."""
+
+    def f(a, b, c, d):
+        return torch.relu(a) + torch.relu(b) + torch.neg(c) + torch.neg(d)
+
+    differential(f, two_unrelated_outputs, two_unrelated_replacement, inputs=randn((3,), (3,), (3,), (3,)),
+                 expect=2, api=api)
+
+
+@pytest.mark.parametrize(("shared", "expect"), [(True, 1), (False, 0)])
+def test_diamond_pattern_needs_the_shared_node(shared, expect):
+    def f(x):
+        if shared:
+            r = torch.relu(x)
+            return r * r
+        return torch.relu(x) * torch.relu(x)
+
+    def pattern(x):
+        a = torch.relu(x)
+        return a * a
+
+    differential(f, pattern, lambda x: torch.square(torch.relu(x)), inputs=randn((4,)), expect=expect)
+
+
+def test_placeholder_binds_none():
+    class NoBias(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(4, 4))
+
+        def forward(self, x):
+            return torch.relu(F.linear(x, self.w, bias=None))
+
+    def pattern(a, w, bias):
+        return torch.relu(F.linear(a, w, bias=bias))
+
+    def replacement(a, w, bias):
+        return torch.clamp(F.linear(a, w, bias=bias), min=0)
+
+    differential(NoBias(), pattern, replacement, inputs=randn((2, 4)), expect=1)
+
+
+@both_apis
 def test_match_that_would_form_a_cycle_is_refused(api):
     """Fusing {relu, neg} would need ``sin`` both after relu and before neg."""
 

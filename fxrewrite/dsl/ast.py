@@ -275,7 +275,6 @@ class Rewrite:
     pattern: Expr
     replacement: Expr
     span: Span
-    arrow: Span
 
 
 @attrs.frozen(kw_only=True)

@@ -1,0 +1,774 @@
+"""Compile the syntax tree of a rule file into :class:`~fxrewrite.rule.Rule` objects.
+
+Each rule becomes a real Python *pattern function* and *replacement function* whose parameters
+are the rule's variables, and goes through :meth:`Rule.from_functions` like a rule written in
+Python: the same validation, the same tracing, the same ``Rule``. The functions interpret the
+rule's expressions on whatever they receive (fx Proxies while the pattern is traced and while
+the replacement is spliced in, real tensors when a rule is tested); ``where`` conditions become
+guards reading the match.
+
+>>> from fxrewrite.dsl.parse import parse
+>>> rules = compile_rules(parse("rule mul_one:\\n    x * 1 => x\\n", source="algebra.fxr"))
+>>> r = rules["mul_one"]
+>>> r.origin, [p.name for p in r.compiled.params]
+('algebra.fxr:1', ['x'])
+
+**Names.** A bare name is, in this order: ``_`` (a fresh anonymous variable), a ``let`` name of
+the rule, a name in scope (:data:`DEFAULT_NAMES`, the caller's ``names=``, the file's ``use``
+aliases), or else a variable, which must start with a lower-case letter. Nothing else is
+reachable: loading a rule file runs no code from it (see "Trust model" in docs/dsl.md).
+"""
+
+from __future__ import annotations
+
+import difflib
+import keyword
+import math
+import operator
+import types
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from ..errors import RuleDefinitionError
+from ..match import TensorView
+from ..pattern import LITERAL_TYPES
+from ..rule import Rule, RuleSet
+from . import ast
+
+__all__ = ["DEFAULT_NAMES", "RESERVED_WORDS", "Scope", "compile_rule", "compile_rules"]
+
+#: The names every rule file sees.
+DEFAULT_NAMES: Mapping[str, Any] = types.MappingProxyType({
+    "torch": torch,
+    "F": torch.nn.functional,
+    "nn": torch.nn,
+    "operator": operator,
+    "math": math,
+    "int": int,
+    "float": float,
+    "bool": bool,
+    "str": str,
+})
+
+#: Words of the language; they cannot name variables, ``let`` bindings or aliases.
+RESERVED_WORDS = frozenset({
+    "rule", "use", "as", "let", "where", "priority", "and", "or", "not", "in", "is", "True", "False", "None",
+})
+
+#: Attribute names a rule file may not reach from torch, F, nn, operator or math: modules that
+#: are not torch's own (``torch.os``), and what loads files, imports, runs code or changes
+#: torch's global state.
+_REFUSED_ATTRIBUTES = frozenset({
+    "builtins", "os", "sys", "subprocess", "ctypes", "importlib", "inspect", "glob", "platform", "threading",
+    "textwrap", "warnings", "functools", "shutil", "pickle", "dataclasses", "np",
+    "hub", "serialization", "package", "multiprocessing", "distributed", "jit", "library", "onnx", "export",
+    "compiler", "utils", "testing", "fx", "classes", "cpp", "storage", "backends", "profiler",
+    "load", "save", "load_library", "import_module", "from_file", "attrgetter", "methodcaller", "compile",
+    "manual_seed", "seed", "use_deterministic_algorithms",
+})
+
+#: Modules whose functions a rule file may not call even when re-exported under another name.
+_REFUSED_MODULES = frozenset({
+    "hub", "serialization", "package", "multiprocessing", "distributed", "jit", "library", "onnx", "export",
+    "compiler", "utils", "testing", "cpp_extension", "storage", "backends", "profiler",
+})
+
+_ALLOWED_ORIGINS = frozenset({"torch", "math", "operator", "_operator"})
+_PLAIN_DATA = (int, float, complex, str, bytes, bool, type(None))
+_BUILTIN_OP_NAMESPACES = frozenset({"aten", "prims"})
+_TENSOR_VIEW_ATTRIBUTES = frozenset(n for n in dir(TensorView) if not n.startswith("_")) - {"node"}
+_TEMPLATE_NAMES = frozenset({"_fxr", "_evaluate"})
+_MAX_CONSTANT_BITS = 1 << 16
+_MAX_CONSTANT_LENGTH = 1 << 16
+
+Closure = Callable[["_Frame"], Any]
+
+
+def compile_rules(file: ast.RuleFile, *, names: Mapping[str, Any] | None = None) -> RuleSet:
+    """The :class:`RuleSet` of a parsed rule file, in source order.
+
+    ``names`` adds names to the file's scope (trusted: the caller's own objects).
+    Raises :class:`RuleDefinitionError` naming ``file:line:column`` for every problem.
+    """
+    scope = Scope.build(file, names)
+    _check_unique_names(file)
+    return RuleSet(tuple(compile_rule(r, file.source, scope) for r in file.rules))
+
+
+def _check_unique_names(file: ast.RuleFile) -> None:
+    seen: dict[str, ast.RuleDef] = {}
+    for r in file.rules:
+        if r.name in seen:
+            first = seen[r.name].span
+            raise _error(file.source, r.span, f"rule '{r.name}' is defined twice: at {file.source.name}:{first.line} "
+                                              f"and at {file.source.name}:{r.span.line}; rename one of them.")
+        seen[r.name] = r
+
+
+def _error(src: ast.SourceText, span: ast.Span, message: str) -> RuleDefinitionError:
+    return RuleDefinitionError(f"{src.where(span)}: {message}\n{src.excerpt(span)}")
+
+
+# ---- scope ---------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class _Root:
+    """A name in scope: its value, whether it came from the caller (trusted), how to show it."""
+
+    value: Any
+    trusted: bool
+    spelled: str
+
+
+class _PathError(Exception):
+    def __init__(self, index: int, message: str) -> None:
+        super().__init__(message)
+        self.index = index
+
+
+_DEFERRED = object()
+
+
+@attrs.frozen(eq=False)
+class Scope:
+    """The names a rule file can see: :data:`DEFAULT_NAMES`, the caller's ``names`` and the
+    file's ``use`` aliases, and the only way to reach anything from a rule file.
+
+    >>> scope = Scope.build(None, {"fold": print})
+    >>> scope.lookup(("torch", "float32")), "fold" in scope
+    (torch.float32, True)
+    """
+
+    roots: Mapping[str, _Root]
+
+    @classmethod
+    def build(cls, file: ast.RuleFile | None, names: Mapping[str, Any] | None) -> Scope:
+        roots = {name: _Root(value, False, name) for name, value in DEFAULT_NAMES.items()}
+        for name, value in _checked_names(names).items():
+            roots[name] = _Root(value, True, f"names[{name!r}]")
+        scope = cls(roots)
+        for use in file.uses if file is not None else ():
+            scope = scope._with_use(use, file.source)
+        return scope
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.roots
+
+    def lookup(self, path: Sequence[str]) -> Any:
+        """The value of a dotted path whose first name is in scope (raises ``_PathError``)."""
+        root = self.roots[path[0]]
+        value = root.value
+        for i, attr in enumerate(path[1:], start=1):
+            value = _step(value, attr, path[:i], root.trusted, i)
+        return value
+
+    def check(self, path: Sequence[str]) -> Any:
+        """Like :meth:`lookup`, at load time: a missing op of a custom ``torch.ops`` namespace
+        (registered later, perhaps) gives ``_DEFERRED`` instead of an error."""
+        root = self.roots[path[0]]
+        value = root.value
+        for i, attr in enumerate(path[1:], start=1):
+            if isinstance(value, torch._ops._OpNamespace) and value.name not in _BUILTIN_OP_NAMESPACES:
+                try:
+                    value = _step(value, attr, path[:i], root.trusted, i)
+                except _PathError:
+                    return _DEFERRED
+                continue
+            value = _step(value, attr, path[:i], root.trusted, i)
+        return value
+
+    def _with_use(self, use: ast.Use, src: ast.SourceText) -> Scope:
+        where = f"use line: 'use {'.'.join(use.path)} as {use.alias}'"
+        _check_new_name(src, use.span, use.alias, what="an alias", scope=self, context=where)
+        if use.path[0] not in self.roots:
+            raise _error(src, use.path_span, f"{where}: '{use.path[0]}' is not a name in scope; a use line "
+                                             f"starts at one of {_shown(self.roots)}.")
+        for attr in use.path[1:]:
+            _check_attribute_name(src, use.path_span, attr, where)
+        try:
+            value = self.check(use.path)
+        except _PathError as exc:
+            raise _error(src, use.path_span, f"{where}: {exc}") from None
+        if value is _DEFERRED:
+            raise _error(src, use.path_span, f"{where}: '{'.'.join(use.path)}' does not exist.")
+        root = self.roots[use.path[0]]
+        roots = {**self.roots, use.alias: _Root(value, root.trusted, ".".join(use.path))}
+        return Scope(roots)
+
+
+def _checked_names(names: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    if names is None:
+        return {}
+    if not isinstance(names, Mapping):
+        raise RuleDefinitionError(f"names= must be a mapping from names to objects, got {type(names).__name__}.")
+    for name in names:
+        if not isinstance(name, str) or not name.isidentifier() or name.startswith("_") or name in RESERVED_WORDS:
+            raise RuleDefinitionError(
+                f"names= has the key {name!r}; keys must be identifiers that do not start with '_' and are not "
+                f"words of the language ({', '.join(sorted(RESERVED_WORDS))})."
+            )
+    return names
+
+
+def _shown(names: Mapping[str, Any]) -> str:
+    return ", ".join(sorted(names))
+
+
+def _step(value: Any, attr: str, prefix: Sequence[str], trusted: bool, index: int) -> Any:
+    """``getattr(value, attr)`` for a path in scope, refusing what rule files may not reach."""
+    dotted = ".".join((*prefix, attr))
+    if not trusted and attr in _REFUSED_ATTRIBUTES:
+        raise _PathError(index, _out_of_bounds(dotted))
+    try:
+        result = getattr(value, attr)
+    except Exception:
+        raise _PathError(index, _missing(value, attr, dotted, prefix)) from None
+    if not trusted and not _reachable(result):
+        raise _PathError(index, _out_of_bounds(dotted))
+    return result
+
+
+def _reachable(value: Any) -> bool:
+    """Whether a value reached from torch, F, nn, operator or math is one a rule may use."""
+    if isinstance(value, types.ModuleType):
+        parts = value.__name__.split(".")
+        return parts[0] in _ALLOWED_ORIGINS and not _REFUSED_ATTRIBUTES.intersection(parts)
+    if isinstance(value, _PLAIN_DATA):
+        return True
+    origin = getattr(value, "__module__", None)
+    if not isinstance(origin, str):
+        origin = type(value).__module__
+    parts = origin.split(".")
+    return parts[0] in _ALLOWED_ORIGINS and not _REFUSED_MODULES.intersection(parts)
+
+
+def _out_of_bounds(dotted: str) -> str:
+    return (f"'{dotted}' is out of bounds for rule files: they may use torch operations, nn, F, operator and "
+            f"math, but nothing that loads files, imports or runs code, or changes torch's global state (see "
+            f"'Trust model' in docs/dsl.md); pass what you need with names= if you trust it.")
+
+
+def _missing(value: Any, attr: str, dotted: str, prefix: Sequence[str]) -> str:
+    try:
+        candidates = [n for n in dir(value) if not n.startswith("_")]
+    except Exception:
+        candidates = []
+    close = difflib.get_close_matches(attr, candidates, n=3)
+    hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else "."
+    return f"'{dotted}' does not exist ({'.'.join(prefix)} has no attribute '{attr}'){hint}"
+
+
+def _check_attribute_name(src: ast.SourceText, span: ast.Span, attr: str, context: str) -> None:
+    if attr.startswith("_"):
+        raise _error(src, span, f"{context}: the attribute '{attr}' starts with '_'; rule files cannot read "
+                                f"private or special attributes (see 'Trust model' in docs/dsl.md).")
+
+
+def _check_new_name(src: ast.SourceText, span: ast.Span, name: str, *, what: str, scope: Scope | None,
+                    context: str) -> None:
+    """A name about to be defined (alias, let name, capture, variable) must be a usable name."""
+    problem = None
+    if name in RESERVED_WORDS:
+        problem = f"'{name}' is a word of the language and cannot be {what}"
+    elif name.startswith("_"):
+        problem = f"'{name}' starts with '_'; such names are reserved (a lone '_' is the wildcard)"
+    elif keyword.iskeyword(name) or name in _TEMPLATE_NAMES:
+        problem = f"'{name}' is a Python keyword and cannot be {what}"
+    elif scope is not None and name in scope:
+        problem = f"'{name}' is already a name in scope ({scope.roots[name].spelled}); choose another name"
+    if problem:
+        raise _error(src, span, f"{context}: {problem}.")
+
+
+# ---- one rule ------------------------------------------------------------------------------------
+
+
+class _RuleContext:
+    """What the compilers of one rule share: source, scope, lets, captures, wildcard names."""
+
+    def __init__(self, rule: ast.RuleDef, src: ast.SourceText, scope: Scope) -> None:
+        self.rule, self.src, self.scope = rule, src, scope
+        self.context = f"rule '{rule.name}'"
+        self.lets = self._lets()
+        self.capture_types = self._captures()
+        self.wildcards = self._wildcards()
+
+    def error(self, span: ast.Span, message: str) -> RuleDefinitionError:
+        return _error(self.src, span, f"{self.context}: {message}")
+
+    def kind(self, variable: str) -> str:
+        annotation = self.capture_types.get(variable)
+        if annotation is None:
+            return "tensor"
+        return "literal" if annotation in LITERAL_TYPES else "module"
+
+    def _lets(self) -> dict[str, tuple[int, ast.Let]]:
+        lets: dict[str, tuple[int, ast.Let]] = {}
+        for i, let in enumerate(self.rule.lets):
+            _check_new_name(self.src, let.span, let.name, what="a let name", scope=self.scope, context=self.context)
+            if let.name in lets:
+                first = lets[let.name][1].span.line
+                raise self.error(let.span, f"'{let.name}' is defined by let twice (lines {first} and "
+                                           f"{let.span.line}); give the second one another name.")
+            lets[let.name] = (i, let)
+        return lets
+
+    def _captures(self) -> dict[str, type]:
+        types_: dict[str, type] = {}
+        for c in self.rule.captures:
+            _check_new_name(self.src, c.span, c.name, what="a capture", scope=self.scope, context=self.context)
+            if c.name in self.lets:
+                raise self.error(c.span, f"'{c.name}' is a let name; a capture declares the type of a variable "
+                                         f"of the pattern.")
+            if c.name in types_:
+                raise self.error(c.span, f"the type of '{c.name}' is declared twice.")
+            types_[c.name] = self._capture_type(c)
+        return types_
+
+    def _capture_type(self, c: ast.Capture) -> type:
+        allowed = "int, float, bool, str, torch.dtype or an nn.Module subclass (e.g. nn.Conv2d)"
+        if c.type_path[0] not in self.scope:
+            raise self.error(c.type_span, f"unknown type '{'.'.join(c.type_path)}' for '{c.name}'; use {allowed}.")
+        for attr in c.type_path[1:]:
+            _check_attribute_name(self.src, c.type_span, attr, self.context)
+        try:
+            value = self.scope.lookup(c.type_path)
+        except _PathError as exc:
+            raise self.error(c.type_span, str(exc)) from None
+        if value in LITERAL_TYPES or (isinstance(value, type) and issubclass(value, torch.nn.Module)):
+            return value
+        raise self.error(c.type_span, f"'{'.'.join(c.type_path)}' is not a capture type; use {allowed}.")
+
+    def _wildcards(self) -> dict[ast.Span, str]:
+        found: list[ast.Span] = []
+        stack: list[ast.Expr] = [*(let.value for let in self.rule.lets), self.rule.rewrite.pattern,
+                                 self.rule.rewrite.replacement]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, ast.Wildcard):
+                found.append(node.span)
+            stack.extend(ast.children(node))
+        return {span: f"_{i}" for i, span in enumerate(sorted(found, key=lambda s: (s.line, s.column)), start=1)}
+
+
+def compile_rule(rule: ast.RuleDef, src: ast.SourceText, scope: Scope) -> Rule:
+    """One rule of a file: compile its pattern, replacement and conditions, then build the
+    :class:`Rule` with :meth:`Rule.from_functions` (which traces the pattern)."""
+    ctx = _RuleContext(rule, src, scope)
+    pattern = _Compiler(ctx, "pattern")
+    pattern_body = pattern.compile(rule.rewrite.pattern)
+    params = tuple(pattern.variables)
+    replacement = _Compiler(ctx, "replacement", params)
+    replacement_body = replacement.compile(rule.rewrite.replacement)
+    guards = tuple(_guard(ctx, condition, params) for condition in rule.conditions)
+    _check_lets_used(ctx, pattern, replacement)
+    _check_captures_bound(ctx, params)
+    origin = f"{src.name}:{rule.span.line}"
+    annotations = {name: ctx.capture_types[name] for name in params if name in ctx.capture_types}
+    return Rule.from_functions(
+        _function(f"{rule.name}_pattern", params, pattern_body, annotations, origin),
+        _function(f"{rule.name}_replacement", params, replacement_body, annotations, origin),
+        name=rule.name,
+        where=guards,
+        priority=rule.priority,
+        doc=rule.doc,
+        origin=origin,
+    )
+
+
+def _check_lets_used(ctx: _RuleContext, *compilers: _Compiler) -> None:
+    used = set().union(*(c.used_lets for c in compilers))
+    for name, (_, let) in ctx.lets.items():
+        if name not in used:
+            raise ctx.error(let.span, f"let '{name}' is never used; remove it or use it in the pattern or the "
+                                      f"replacement.")
+
+
+def _check_captures_bound(ctx: _RuleContext, params: Sequence[str]) -> None:
+    for c in ctx.rule.captures:
+        if c.name not in params:
+            raise ctx.error(c.span, f"'{c.name}' is declared as a capture, but the pattern has no variable "
+                                    f"'{c.name}' (its variables: {', '.join(params) or 'none'}).")
+
+
+# ---- generated functions -------------------------------------------------------------------------
+
+_TEMPLATE = "def _fxr({params}):\n    return _evaluate({params})\n"
+
+
+class _Frame:
+    """The values of a rule's variables during one evaluation, and the lets computed so far."""
+
+    __slots__ = ("values", "lets")
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.values = values
+        self.lets: dict[str, Any] = {}
+
+
+def _function(name: str, params: Sequence[str], body: Closure, annotations: Mapping[str, type],
+              origin: str) -> Callable[..., Any]:
+    """A real function with the rule's variables as parameters (torch.fx reads them from its code
+    object) whose body evaluates ``body``. The only text put into the template is the parameter
+    list, and every parameter is checked to be a plain identifier first."""
+    for p in params:
+        if not p.isidentifier() or keyword.iskeyword(p) or p in _TEMPLATE_NAMES:
+            raise RuleDefinitionError(f"{origin}: '{p}' cannot be a parameter name.")
+
+    def evaluate(*values: Any) -> Any:
+        return body(_Frame(dict(zip(params, values))))
+
+    namespace: dict[str, Any] = {"__builtins__": {}, "_evaluate": evaluate}
+    exec(compile(_TEMPLATE.format(params=", ".join(params)), f"<fxrewrite rule {origin}>", "exec"), namespace)
+    fn = namespace["_fxr"]
+    fn.__name__ = fn.__qualname__ = name
+    fn.__annotations__ = dict(annotations)
+    return fn
+
+
+class _WhereGuard:
+    """A ``where`` condition as a guard: ``guard(match) -> bool``."""
+
+    def __init__(self, body: Closure, names: Sequence[str], label: str) -> None:
+        self._body = body
+        self._names = tuple(names)
+        self.__qualname__ = label
+
+    def __call__(self, match: Any) -> bool:
+        return bool(self._body(_Frame({name: match[name] for name in self._names})))
+
+    def __repr__(self) -> str:
+        return f"<guard {self.__qualname__}>"
+
+
+def _guard(ctx: _RuleContext, condition: ast.Condition, params: Sequence[str]) -> _WhereGuard:
+    compiler = _Compiler(ctx, "where", params)
+    body = compiler.compile(condition.expr)
+    label = f"'where {condition.text}' ({ctx.src.name}:{condition.span.line})"
+    return _WhereGuard(body, tuple(compiler.variables), label)
+
+
+# ---- expressions ---------------------------------------------------------------------------------
+
+
+class _Compiler:
+    """Compiles the expressions of one side of a rule (``pattern``, ``replacement`` or ``where``)
+    into closures over a :class:`_Frame`, checking every name and attribute on the way.
+
+    The pattern compiler records the rule's variables in the order Python would first evaluate
+    them (a callee before its arguments, left to right); the other sides may only read those.
+    """
+
+    def __init__(self, ctx: _RuleContext, side: str, params: Sequence[str] | None = None) -> None:
+        self.ctx = ctx
+        self.side = side
+        self.params = params
+        self.variables: dict[str, None] = {}
+        self.used_lets: set[str] = set()
+        self._let_bodies: dict[str, Closure] = {}
+
+    def compile(self, node: ast.Expr, visible_lets: int | None = None) -> Closure:
+        visible = len(self.ctx.rule.lets) if visible_lets is None else visible_lets
+        method = getattr(self, f"_{type(node).__name__.lower()}")
+        return method(node, visible)
+
+    def _all(self, nodes: Sequence[ast.Expr], visible: int) -> list[Closure]:
+        return [self.compile(n, visible) for n in nodes]
+
+    # -- names -------------------------------------------------------------------------------
+    def _name(self, node: ast.Name, visible: int) -> Closure:
+        name = node.id
+        if name in self.ctx.lets:
+            return self._let(node, visible)
+        if name in self.ctx.scope:
+            return self._path(((name, node.span),))
+        return self._variable(node)
+
+    def _wildcard(self, node: ast.Wildcard, visible: int) -> Closure:
+        if self.side != "pattern":
+            raise self.ctx.error(node.span, f"'_' matches anything, so it can only be used in the pattern; "
+                                            f"name the variable to use it in the {self._side_name()}.")
+        name = self.ctx.wildcards[node.span]
+        self.variables.setdefault(name)
+        return lambda frame: frame.values[name]
+
+    def _let(self, node: ast.Name, visible: int) -> Closure:
+        index, let = self.ctx.lets[node.id]
+        if index >= visible:
+            raise self.ctx.error(node.span, f"'{node.id}' is used before its let line (line {let.span.line}); "
+                                            f"a let can only use the lets above it.")
+        if self.side == "where":
+            raise self.ctx.error(node.span, f"'{node.id}' is a let name; a where condition can read only the "
+                                            f"pattern's variables and captures.")
+        self.used_lets.add(node.id)
+        if node.id not in self._let_bodies:
+            self._let_bodies[node.id] = self.compile(let.value, index)
+        body, name = self._let_bodies[node.id], node.id
+
+        def let_value(frame: _Frame) -> Any:
+            if name not in frame.lets:
+                frame.lets[name] = body(frame)
+            return frame.lets[name]
+
+        return let_value
+
+    def _variable(self, node: ast.Name) -> Closure:
+        name = node.id
+        _check_new_name(self.ctx.src, node.span, name, what="a variable", scope=None, context=self.ctx.context)
+        if not name[0].islower():
+            raise self.ctx.error(node.span, self._unknown_name(name))
+        if self.side == "pattern":
+            self.variables.setdefault(name)
+        elif name not in (self.params or ()):
+            raise self.ctx.error(node.span, f"the {self._side_name()} uses '{name}', which the pattern does not "
+                                            f"bind (the pattern's variables: {', '.join(self.params or ()) or 'none'}).")
+        else:
+            self.variables.setdefault(name)
+        return lambda frame: frame.values[name]
+
+    def _unknown_name(self, name: str) -> str:
+        close = difflib.get_close_matches(name, list(self.ctx.scope.roots), n=3)
+        hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        return (f"unknown name '{name}': it is not in scope ({_shown(self.ctx.scope.roots)}), and only names "
+                f"starting with a lower-case letter are variables. Pass it with names= or add a 'use' line.{hint}")
+
+    def _side_name(self) -> str:
+        return {"pattern": "pattern", "replacement": "replacement", "where": "where condition"}[self.side]
+
+    # -- attributes and paths ----------------------------------------------------------------
+    def _attribute(self, node: ast.Attribute, visible: int) -> Closure:
+        _check_attribute_name(self.ctx.src, node.attr_span, node.attr, self.ctx.context)
+        path = self._scope_path(node)
+        if path is not None:
+            return self._path(path)
+        if isinstance(node.value, ast.Literal):
+            raise self.ctx.error(node.attr_span, f"attributes of a literal ({node.value.value!r}.{node.attr}) "
+                                                 f"cannot be read in rule files.")
+        self._check_receiver(node)
+        receiver, attr = self.compile(node.value, visible), node.attr
+        return lambda frame: getattr(receiver(frame), attr)
+
+    def _scope_path(self, node: ast.Expr) -> tuple[tuple[str, ast.Span], ...] | None:
+        """``((name, span), (attr, span), ...)`` when ``node`` is a dotted path from a name in scope."""
+        parts: list[tuple[str, ast.Span]] = []
+        while isinstance(node, ast.Attribute):
+            parts.append((node.attr, node.attr_span))
+            node = node.value
+        if isinstance(node, ast.Name) and node.id in self.ctx.scope and node.id not in self.ctx.lets:
+            parts.append((node.id, node.span))
+            return tuple(reversed(parts))
+        return None
+
+    def _path(self, path: tuple[tuple[str, ast.Span], ...]) -> Closure:
+        names = tuple(name for name, _ in path)
+        for name, span in path[1:]:
+            _check_attribute_name(self.ctx.src, span, name, self.ctx.context)
+        try:
+            self.ctx.scope.check(names)
+        except _PathError as exc:
+            raise self.ctx.error(path[exc.index][1], str(exc)) from None
+        scope, src = self.ctx.scope, self.ctx.src
+
+        def resolve(frame: _Frame) -> Any:
+            try:
+                return scope.lookup(names)
+            except _PathError as exc:
+                raise _error(src, path[exc.index][1], str(exc)) from None
+
+        return resolve
+
+    def _check_receiver(self, node: ast.Attribute) -> None:
+        """Attributes of a variable: tensor attributes (TensorView ones in a where condition);
+        none of a module capture in the pattern, where it can only be called."""
+        if not isinstance(node.value, ast.Name) or node.value.id in self.ctx.lets:
+            return
+        name, attr, kind = node.value.id, node.attr, self.ctx.kind(node.value.id)
+        if kind == "tensor" and self.side == "where" and attr not in _TENSOR_VIEW_ATTRIBUTES:
+            raise self.ctx.error(node.attr_span, f"a where condition sees tensor '{name}' through its shape, dtype "
+                                                 f"and device: use one of {', '.join(sorted(_TENSOR_VIEW_ATTRIBUTES))}, "
+                                                 f"not '{attr}'.")
+        if kind == "tensor" and self.side != "where" and not hasattr(torch.Tensor, attr):
+            raise self.ctx.error(node.attr_span, f"'{name}' is a tensor variable and torch.Tensor has no attribute "
+                                                 f"'{attr}'. If '{name}' was meant to be a module or function, it "
+                                                 f"is not in scope: pass it with names= or add a 'use' line.")
+        if kind != "tensor" and self.side == "pattern":
+            raise self.ctx.error(node.attr_span, f"the pattern reads '{name}.{attr}', but a {kind} capture "
+                                                 f"cannot be inspected in the pattern; read it in the replacement "
+                                                 f"or in a where condition.")
+
+    # -- calls -------------------------------------------------------------------------------
+    def _call(self, node: ast.Call, visible: int) -> Closure:
+        self._check_callee(node)
+        func = self.compile(node.func, visible)
+        args = self._all(node.args, visible)
+        keywords = [(k.name, self.compile(k.value, visible)) for k in node.keywords]
+        return lambda frame: func(frame)(*[a(frame) for a in args], **{k: v(frame) for k, v in keywords})
+
+    def _check_callee(self, node: ast.Call) -> None:
+        func = node.func
+        if isinstance(func, ast.Name) and func.id not in self.ctx.lets and func.id not in self.ctx.scope:
+            kind = self.ctx.kind(func.id)
+            if kind == "literal":
+                raise self.ctx.error(func.span, f"'{func.id}' is a literal capture and cannot be called; only "
+                                                f"module captures (e.g. 'where {func.id}: nn.Linear') can.")
+            if kind != "module":
+                raise self.ctx.error(func.span, f"unknown function '{func.id}': a called name must be in scope "
+                                                f"({_shown(self.ctx.scope.roots)}), given with names= or a 'use' "
+                                                f"line, or be a module capture declared like "
+                                                f"'where {func.id}: nn.Linear'.")
+        if self.side == "pattern" and not self._mentions_variable(node):
+            raise self.ctx.error(node.span, "a pattern can only call functions on its variables, and this call "
+                                            "uses none; write the constant it stands for, or move it to the "
+                                            "replacement.")
+        if isinstance(func, ast.Literal):
+            raise self.ctx.error(func.span, f"{func.value!r} is not a function.")
+
+    def _mentions_variable(self, node: ast.Expr) -> bool:
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            if isinstance(n, ast.Wildcard):
+                return True
+            if isinstance(n, ast.Name):
+                if n.id in self.ctx.lets:
+                    stack.append(self.ctx.lets[n.id][1].value)
+                elif n.id not in self.ctx.scope:
+                    return True
+            stack.extend(ast.children(n))
+        return False
+
+    # -- operators ---------------------------------------------------------------------------
+    def _binop(self, node: ast.BinOp, visible: int) -> Closure:
+        left, right = self.compile(node.left, visible), self.compile(node.right, visible)
+        apply = _binary(node.op, self.ctx.src, node.span)
+        return lambda frame: apply(left(frame), right(frame))
+
+    def _unaryop(self, node: ast.UnaryOp, visible: int) -> Closure:
+        operand = self.compile(node.operand, visible)
+        fn = operator.neg if node.op == "-" else operator.pos
+        return lambda frame: fn(operand(frame))
+
+    def _compare(self, node: ast.Compare, visible: int) -> Closure:
+        if self.side != "where" and (len(node.ops) > 1 or node.ops[0] not in _TENSOR_COMPARISONS):
+            what = "chained comparisons" if len(node.ops) > 1 else f"'{node.ops[0]}'"
+            raise self.ctx.error(node.span, f"{what} can only be used in where conditions; in a "
+                                            f"{self._side_name()} compare two values with == != < <= > >=.")
+        operands = self._all((node.left, *node.comparators), visible)
+        fns = [_COMPARISONS[op] for op in node.ops]
+        if len(fns) == 1:
+            fn, (left, right) = fns[0], operands
+            return lambda frame: fn(left(frame), right(frame))
+
+        def chain(frame: _Frame) -> Any:
+            left = operands[0](frame)
+            for fn, operand in zip(fns, operands[1:]):
+                right = operand(frame)
+                if not fn(left, right):
+                    return False
+                left = right
+            return True
+
+        return chain
+
+    def _boolop(self, node: ast.BoolOp, visible: int) -> Closure:
+        self._where_only(node, f"'{node.op}'", f"use torch.logical_{node.op}(a, b)")
+        values = self._all(node.values, visible)
+        if node.op == "and":
+            return lambda frame: all(v(frame) for v in values)
+        return lambda frame: any(v(frame) for v in values)
+
+    def _not(self, node: ast.Not, visible: int) -> Closure:
+        self._where_only(node, "'not'", "use torch.logical_not(a)")
+        operand = self.compile(node.operand, visible)
+        return lambda frame: not operand(frame)
+
+    def _where_only(self, node: ast.Expr, what: str, instead: str) -> None:
+        if self.side != "where":
+            raise self.ctx.error(node.span, f"{what} can only be used in where conditions; in a "
+                                            f"{self._side_name()}, {instead}.")
+
+    # -- containers and literals -------------------------------------------------------------
+    def _subscript(self, node: ast.Subscript, visible: int) -> Closure:
+        value, index = self.compile(node.value, visible), self.compile(node.index, visible)
+        return lambda frame: value(frame)[index(frame)]
+
+    def _slice(self, node: ast.Slice, visible: int) -> Closure:
+        parts = [self.compile(p, visible) if p is not None else None for p in (node.start, node.stop, node.step)]
+        return lambda frame: slice(*(p(frame) if p is not None else None for p in parts))
+
+    def _tupleexpr(self, node: ast.TupleExpr, visible: int) -> Closure:
+        elts = self._all(node.elts, visible)
+        return lambda frame: tuple(e(frame) for e in elts)
+
+    def _listexpr(self, node: ast.ListExpr, visible: int) -> Closure:
+        elts = self._all(node.elts, visible)
+        return lambda frame: [e(frame) for e in elts]
+
+    def _literal(self, node: ast.Literal, visible: int) -> Closure:
+        value = node.value
+        return lambda frame: value
+
+
+# ---- operator semantics --------------------------------------------------------------------------
+
+_BINARY: Mapping[str, Callable[[Any, Any], Any]] = {
+    "+": operator.add,
+    "-": operator.sub,
+    "*": operator.mul,
+    "/": operator.truediv,
+    "//": operator.floordiv,
+    "%": operator.mod,
+    "**": operator.pow,
+    "@": operator.matmul,
+}
+
+_TENSOR_COMPARISONS = frozenset({"==", "!=", "<", "<=", ">", ">="})
+
+_COMPARISONS: Mapping[str, Callable[[Any, Any], Any]] = {
+    "==": operator.eq,
+    "!=": operator.ne,
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+    "in": lambda a, b: a in b,
+    "not in": lambda a, b: a not in b,
+    "is": operator.is_,
+    "is not": operator.is_not,
+}
+
+
+def _binary(op: str, src: ast.SourceText, span: ast.Span) -> Callable[[Any, Any], Any]:
+    """``a op b``, refusing constant arithmetic whose result would be huge (a rule file must not
+    be able to make loading it hang: ``9 ** 9 ** 9``)."""
+    fn = _BINARY[op]
+
+    def apply(a: Any, b: Any) -> Any:
+        problem = _constant_problem(op, a, b)
+        if problem:
+            raise _error(src, span, problem)
+        return fn(a, b)
+
+    return apply
+
+
+def _constant_problem(op: str, a: Any, b: Any) -> str | None:
+    sequences = (str, bytes, tuple, list)
+    if isinstance(a, int) and isinstance(b, int):
+        bits = a.bit_length() * b if op == "**" and b > 0 else a.bit_length() + b.bit_length()
+        if op in ("**", "*") and bits > _MAX_CONSTANT_BITS:
+            return f"the constant {op!r} would have about {bits} bits; at most {_MAX_CONSTANT_BITS} are allowed."
+    if op == "*" and isinstance(a, sequences) != isinstance(b, sequences):
+        seq, n = (a, b) if isinstance(a, sequences) else (b, a)
+        if isinstance(n, int) and len(seq) * n > _MAX_CONSTANT_LENGTH:
+            return f"repeating a sequence {n} times is not allowed in rule files."
+    if op == "+" and isinstance(a, sequences) and isinstance(b, sequences):
+        if len(a) + len(b) > _MAX_CONSTANT_LENGTH:
+            return f"the constant would be longer than {_MAX_CONSTANT_LENGTH}."
+    if op == "%" and isinstance(a, (str, bytes)):
+        return "'%' formatting of strings is not allowed in rule files."
+    return None
