@@ -1366,3 +1366,17 @@ def test_work_grows_linearly_with_the_graph():
     fx_small = calls_to_rewrite(fx_rewriter.replace_pattern, 250)
     fx_large = calls_to_rewrite(fx_rewriter.replace_pattern, 1000)
     assert fx_large / fx_small > 8, f"the measure no longer sees torch.fx's quadratic cost ({fx_large / fx_small:.1f}x)"
+
+
+def test_output_count_mismatch_leaves_the_graph_untouched():
+    def f(x):
+        return torch.sigmoid(x) + torch.relu(x)
+
+    def pattern(a):
+        return torch.sigmoid(a), torch.relu(a)
+
+    gm = torch.fx.symbolic_trace(f)
+    before = gm.code, [n.format_node() for n in gm.graph.nodes]
+    with pytest.raises(ValueError, match="the pattern returns 2 values but the replacement returns 1"):
+        fxrewrite.replace_pattern(gm, pattern, lambda a: torch.exp(a))
+    assert (gm.code, [n.format_node() for n in gm.graph.nodes]) == before
