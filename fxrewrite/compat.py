@@ -125,13 +125,14 @@ def find_fx_matches(gm: fx.GraphModule, pattern: Pattern, *, ignore_literals: bo
         if index is None:
             index = {}
             for n in gm.graph.nodes:
-                index.setdefault(op_key_of(n.op, n.target), []).append(n)
+                index.setdefault(op_key_of(n.op, n.target, canonical=False), []).append(n)
         return index.get(key, [])
 
     found: list[_FxrMatch] = []
     modules = dict(gm.named_modules())
+    anchor_key = op_key_of(pattern.anchor.op, pattern.anchor.target, canonical=False)
     for gn in gm.graph.nodes:
-        if op_key_of(gn.op, gn.target) == pattern.anchor_key:
+        if op_key_of(gn.op, gn.target, canonical=False) == anchor_key:
             found.extend(match_at(pattern, gn, gm, options=options, candidates=candidates, modules=modules))
     found.sort(key=lambda m: tuple(node_position(m.node_map[a]) for a in anchors))
     return [_internal_match(pattern, m, anchors) for m in _without_overlaps(found)]

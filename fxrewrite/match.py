@@ -33,7 +33,7 @@ import torch
 import torch.fx as fx
 from torch.fx.node import Node
 
-from .canon import is_commutative_call, op_key_of
+from .canon import canonical_arguments, is_commutative_call, op_key_of
 from .errors import MetadataError
 from .pattern import Param, Pattern
 
@@ -56,13 +56,15 @@ class MatchOptions:
     """
 
     commutative: bool = True
+    canonical: bool = True
     variables_bind_literals: bool = False
     injective: bool = False
     ignore_literals: bool = False
 
     @classmethod
     def torch_fx(cls, *, ignore_literals: bool = False) -> MatchOptions:
-        return cls(commutative=False, variables_bind_literals=True, injective=True, ignore_literals=ignore_literals)
+        return cls(commutative=False, canonical=False, variables_bind_literals=True, injective=True,
+                   ignore_literals=ignore_literals)
 
 
 @attrs.frozen
@@ -254,13 +256,14 @@ class _Search:
         if not isinstance(gv, Node):
             self.fail(pn, gv, f"expected an operation ({pn.format_node()}), found the constant {gv!r}")
             return
-        if op_key_of(gv.op, gv.target) != op_key_of(pn.op, pn.target):
+        canonical = self.options.canonical
+        if op_key_of(gv.op, gv.target, canonical) != op_key_of(pn.op, pn.target, canonical):
             self.fail(pn, gv, f"op differs: pattern has {_op_name(pn)}, graph has {_op_name(gv)}")
             return
         if self.options.injective and gv in self.used:
             self.fail(pn, gv, f"graph node '{gv.name}' is already matched by another pattern node")
             return
-        values = comparable_arguments(pn, gv)
+        values = comparable_arguments(pn, gv, canonical)
         if values is None:
             self.fail(pn, gv, f"arguments differ: pattern {_arity(pn)}, graph {_arity(gv)}")
             return
@@ -294,8 +297,8 @@ class _Search:
         p_values, g_values = values
         yield from self.sequence(p_values, g_values, 0)
         if (self.options.commutative and pn in self.pattern.commutative
-                and is_commutative_call(gn.op, gn.target, gn.args, gn.kwargs) and gn.args[0] is not gn.args[1]):
-            yield from self.sequence(p_values, (gn.args[1], gn.args[0]), 0)
+                and is_commutative_call(gn.op, gn.target, gn.args, gn.kwargs) and g_values[0] is not g_values[1]):
+            yield from self.sequence(p_values, (g_values[1], g_values[0], *g_values[2:]), 0)
 
     # -- multi-output patterns ---------------------------------------------------------------
     def remaining_outputs(self) -> Iterator[None]:
@@ -306,7 +309,7 @@ class _Search:
             yield
             return
         pn, via = step
-        key = op_key_of(pn.op, pn.target)
+        key = op_key_of(pn.op, pn.target, self.options.canonical)
         if via is not None:
             pool = sorted(via.users, key=node_position)
         elif self.candidates is not None:
@@ -314,7 +317,7 @@ class _Search:
         else:
             pool = []
         for gn in pool:
-            if op_key_of(gn.op, gn.target) == key:
+            if op_key_of(gn.op, gn.target, self.options.canonical) == key:
                 for _ in self.node(pn, gn):
                     yield from self.remaining_outputs()
 
@@ -410,12 +413,24 @@ def _creates_cycle(inner: Mapping[Node, Node], inputs: Iterable[Any]) -> bool:
     return False
 
 
-def comparable_arguments(pn: Node, gn: Node) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
+def comparable_arguments(pn: Node, gn: Node, canonical: bool = True) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
     """The argument values of two calls of the same op, lined up for comparison; ``None`` when
-    they cannot be lined up. Calls of an ATen ``OpOverload`` are lined up by its schema, with
-    defaults filled in, so ``aten.sum.dim_IntList(x, [1])`` and ``(x, [1], False)`` compare equal."""
-    if len(pn.args) == len(gn.args) and pn.kwargs.keys() == gn.kwargs.keys():
+    they cannot be lined up.
+
+    Calls of one target with the same argument layout compare as written. Otherwise, with
+    ``canonical``, both are lined up by the ATen schema of their op (see
+    :func:`fxrewrite.canon.canonical_arguments`); without it (torch.fx's rule) only calls of an
+    ATen ``OpOverload`` are, so ``aten.sum.dim_IntList(x, [1])`` and ``(x, [1], False)`` compare
+    equal."""
+    same_layout = len(pn.args) == len(gn.args) and pn.kwargs.keys() == gn.kwargs.keys()
+    if same_layout and (pn.target == gn.target or not canonical or pn.op in ("call_module", "get_attr")):
         return (*pn.args, *pn.kwargs.values()), (*gn.args, *(gn.kwargs[k] for k in pn.kwargs))
+    if canonical and pn.op in ("call_function", "call_method"):
+        p_named = canonical_arguments(pn.op, pn.target, pn.args, pn.kwargs)
+        g_named = canonical_arguments(gn.op, gn.target, gn.args, gn.kwargs)
+        if p_named is None or g_named is None or p_named.keys() != g_named.keys():
+            return None
+        return tuple(p_named.values()), tuple(g_named[k] for k in p_named)
     if pn.op == "call_function" and isinstance(pn.target, torch._ops.OpOverload):
         schema = pn.target._schema.arguments
         return _by_schema(schema, pn.args, pn.kwargs), _by_schema(schema, gn.args, gn.kwargs)

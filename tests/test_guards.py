@@ -70,7 +70,7 @@ def test_guard_gets_literal_and_module_captures_as_values():
         def forward(self, x):
             return self.lin(x) * 0.5 + self.lin(x) * 3.0
 
-    r = Rule.from_functions(pattern, lambda x, lin, s: torch.mul(lin(x), s), where=guard, name="scale_out")
+    r = Rule.from_functions(pattern, lambda x, lin, s: torch.div(lin(x), 1.0 / s), where=guard, name="scale_out")
     model = M()
     result = rewrite(model, r)
     assert set(seen) == {("Linear", 0.5, "call_module"), ("Linear", 3.0, "call_module")}

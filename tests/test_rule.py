@@ -173,8 +173,8 @@ def test_ruleset_indexes_rules_by_anchor_op_highest_priority_first():
     high = Rule.from_functions(neg_neg, identity, name="high", priority=2)
     relu = Rule.from_functions(lambda x: torch.relu(torch.relu(x)), lambda x: torch.relu(x), name="relu")
     rs = RuleSet([low, high, relu])
-    assert [r.name for r in rs.index[("call_function", torch.neg)]] == ["high", "low"]
-    assert [r.name for r in rs.index[("call_function", torch.relu)]] == ["relu"]
+    assert [r.name for r in rs.index[("aten", "neg")]] == ["high", "low"]
+    assert [r.name for r in rs.index[("aten", "relu")]] == ["relu"]
     assert rs.names == ("low", "high", "relu") and "relu" in rs and rs["relu"] is relu
 
 

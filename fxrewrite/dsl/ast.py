@@ -8,6 +8,8 @@ Every node carries the :class:`Span` it was written at, so later stages can poin
 >>> print(src.excerpt(node.span))
     torch.neg(y) => y
               ^
+>>> src.where(node.span)
+'rules.fxr:2:15'
 
 Expressions mirror the Python expressions they stand for (``BinOp("+", ...)`` is ``a + b``);
 a rule's body keeps its parts in source order.
@@ -72,9 +74,12 @@ class SourceText:
         return lines[line - 1].rstrip("\r") if 1 <= line <= len(lines) else ""
 
     def excerpt(self, span: Span) -> str:
-        """The line of ``span`` and a caret under its first column, both indented four spaces."""
-        text = self.line_text(span.line)
-        pad = "".join("\t" if c == "\t" else " " for c in text[: max(span.column - 1, 0)])
+        """The line of ``span`` (without its indentation) and a caret under the first column of
+        ``span``, both indented four spaces, as Python shows a line in a traceback."""
+        line = self.line_text(span.line)
+        text = line.lstrip(" \t\f")
+        before = text[: max(span.column - 1 - (len(line) - len(text)), 0)]
+        pad = "".join("\t" if c == "\t" else " " for c in before)
         return f"    {text}\n    {pad}^"
 
     def where(self, span: Span) -> str:

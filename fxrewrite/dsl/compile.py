@@ -166,13 +166,14 @@ class Scope:
             value = _step(value, attr, path[:i], root.trusted, i)
         return value
 
-    def check(self, path: Sequence[str]) -> Any:
+    def check(self, path: Sequence[str], *, defer_ops: bool = True) -> Any:
         """Like :meth:`lookup`, at load time: a missing op of a custom ``torch.ops`` namespace
-        (registered later, perhaps) gives ``_DEFERRED`` instead of an error."""
+        (perhaps registered later) gives ``_DEFERRED`` instead of an error if ``defer_ops``."""
         root = self.roots[path[0]]
         value = root.value
         for i, attr in enumerate(path[1:], start=1):
-            if isinstance(value, torch._ops._OpNamespace) and value.name not in _BUILTIN_OP_NAMESPACES:
+            if (defer_ops and isinstance(value, torch._ops._OpNamespace)
+                    and value.name not in _BUILTIN_OP_NAMESPACES):
                 try:
                     value = _step(value, attr, path[:i], root.trusted, i)
                 except _PathError:
@@ -568,7 +569,7 @@ class _Compiler:
         for name, span in path[1:]:
             _check_attribute_name(self.ctx.src, span, name, self.ctx.context)
         try:
-            self.ctx.scope.check(names)
+            self.ctx.scope.check(names, defer_ops=self.side != "pattern")
         except _PathError as exc:
             raise self.ctx.error(path[exc.index][1], str(exc)) from None
         scope, src = self.ctx.scope, self.ctx.src

@@ -10,12 +10,15 @@ only module that touches lark: lark trees and errors are turned into AST nodes a
 
 A syntax error says where, shows the line with a caret and says what was expected:
 
->>> parse("rule r:\\n    torch.neg(x) x\\n", source="r.fxr")
-Traceback (most recent call last):
-  ...
-fxrewrite.errors.RuleSyntaxError: r.fxr:2:18: expected '=>' followed by the replacement, found 'x'.
+>>> try:
+...     parse("rule r:\\n    torch.neg(x) x\\n", source="r.fxr")
+... except RuleSyntaxError as error:
+...     print(error.msg)
+...     print(error.filename, error.lineno, error.offset, repr(error.text))
+r.fxr:2:18: expected '=>' followed by the replacement, found the name 'x'.
     torch.neg(x) x
-                 ^ (r.fxr, line 2)
+                 ^
+r.fxr 2 18 '    torch.neg(x) x'
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ def parse(text: str, *, source: str = "<string>") -> ast.RuleFile:
     """
     src = ast.SourceText(source, text)
     try:
-        tree = _parser().parse(text)
+        tree = _parser().parse(text.rstrip(" \t\f"))  # no indented empty line at the very end
     except UnexpectedInput as exc:
         raise _from_lark(src, exc) from None
     except _UnclosedBracket as exc:
@@ -157,10 +160,10 @@ _WORDS = {
     "NEWLINE": "the end of the line",
     "$END": "the end of the file",
 }
-_OPERAND_STARTS = {"NAME", "INTEGER", "FLOAT", "STRING", "LPAR", "LSQB", "MINUS", "PLUS", "TRUE", "FALSE",
-                   "NONE", "NOT"}
-_OPERATORS = {"+", "-", "*", "/", "//", "%", "@", "**", "==", "!=", "<", "<=", ">", ">=", "in", "is", "not",
-              "and", "or", ".", "(", "["}
+_OPERAND_STARTS = frozenset({"(", "[", "-", "+", "True", "False", "None", "not", "..."})
+_OPERAND_TERMINALS = frozenset({"NAME", "INTEGER", "FLOAT", "STRING"})
+_OPERATORS = frozenset({"+", "-", "*", "/", "//", "%", "@", "**", "==", "!=", "<", "<=", ">", ">=", "in", "is",
+                        "not", "and", "or", ".", "(", "["})
 
 
 def _terminal_text(name: str) -> str | None:
@@ -179,9 +182,9 @@ def _describe_terminal(name: str) -> str:
 
 
 def _describe_found(token: Token) -> str:
-    if token.type in ("$END",) or (token.type == "_NL" and not str(token)):
+    if token.type == "$END" or (token.type == "_NL" and not str(token)):
         return "the end of the file"
-    if token.type in ("_NL", "_NL_INDENT"):
+    if token.type in ("_NL", "_NL_INDENT", "NEWLINE"):
         return "the end of the line"
     if token.type == "NAME":
         return f"the name '{token}'"
@@ -189,14 +192,14 @@ def _describe_found(token: Token) -> str:
 
 
 def _expected_phrase(expected: set[str]) -> str:
-    """Human words for a set of terminal names: operand starts collapse into "an expression",
-    binary operators into "an operator"."""
+    """Human words for a set of terminal names: the ways to start an operand collapse into
+    "an expression", binary operators into "an operator"."""
     texts = {name: _terminal_text(name) for name in expected}
     words: list[str] = []
     rest = set(expected)
-    if "NAME" in expected and len(expected & _OPERAND_STARTS) > 3:
+    if "NAME" in expected and "INTEGER" in expected:
         words.append("an expression")
-        rest -= _OPERAND_STARTS
+        rest = {n for n in rest if n not in _OPERAND_TERMINALS and texts[n] not in _OPERAND_STARTS}
     operators = {n for n in rest if texts.get(n) in _OPERATORS}
     if len(operators) > 3:
         words.append("an operator")
@@ -209,24 +212,29 @@ def _expected_phrase(expected: set[str]) -> str:
 
 def _sentence(src: ast.SourceText, token: Token, expected: set[str]) -> str:
     """What the parser wanted, said as a person would say it."""
+    if len(expected) > 1:
+        expected = expected - {"NEWLINE"}  # the postlexer's input, accepted everywhere
     texts = {_terminal_text(n) for n in expected}
     before = src.text[: token.start_pos].rstrip() if token.start_pos is not None else ""
+    found = _describe_found(token)
     if str(token) == ">" and before.endswith("-"):
-        return "the arrow between a pattern and its replacement is '=>', not '->'"
+        return "the arrow between a pattern and its replacement is '=>', not '->'."
+    if str(token) == ">" and before.endswith("="):
+        return "found '=>' inside brackets; is a ')' or ']' missing before it?"
     if "=>" in texts:
-        return "expected '=>' followed by the replacement"
+        return f"expected '=>' followed by the replacement, found {found}."
     if ":" in texts and expected <= {"COLON", "STRING", "PRIORITY", "MINUS", "INTEGER"}:
-        return "expected ':' to end the rule header (rule NAME [\"doc\"] [priority N]:)"
+        return f"expected ':' to end the rule header (rule NAME [\"doc\"] [priority N]:), found {found}."
     if expected == {"_NL_INDENT"}:
-        return "expected the rule body on the next line, indented: 'pattern => replacement'"
+        return f"expected the rule body on the next line, indented: 'pattern => replacement', found {found}."
     if "as" in texts:
-        return "expected 'as' and an alias (use torch.ops.mylib as mylib)"
+        return f"expected 'as' and an alias (use torch.ops.mylib as mylib), found {found}."
     if "rule" in texts and "where" not in texts:
-        return "expected a 'rule' or 'use' line starting at column 0"
+        return f"expected a 'rule' or 'use' line starting at column 0, found {found}."
     if "where" in texts:
-        return ("expected a 'where' line or the end of the rule (a rule has one 'pattern => replacement' "
-                "line, after its 'let' lines)")
-    return f"expected {_expected_phrase(expected)}"
+        return (f"expected a 'where' line or the end of the rule (a rule has one 'pattern => replacement' line, "
+                f"after its 'let' lines), found {found}.")
+    return f"expected {_expected_phrase(expected)}, found {found}."
 
 
 def _from_lark(src: ast.SourceText, exc: UnexpectedInput) -> RuleSyntaxError:
@@ -235,7 +243,7 @@ def _from_lark(src: ast.SourceText, exc: UnexpectedInput) -> RuleSyntaxError:
         token = exc.token
         if token.type == "_NL" and not str(token) or token.type == "$END":
             line, column = _end_of_text(src)
-        sentence = f"{_sentence(src, token, set(exc.expected))}, found {_describe_found(token)}."
+        sentence = _sentence(src, token, set(exc.expected))
     elif isinstance(exc, UnexpectedCharacters):
         char = src.text[exc.pos_in_stream] if 0 <= exc.pos_in_stream < len(src.text) else ""
         sentence = f"unexpected character {char!r}" + _character_hint(char, set(exc.allowed or ()))
@@ -251,6 +259,8 @@ def _character_hint(char: str, allowed: set[str]) -> str:
         return "; lines must end with '\\n' or '\\r\\n'."
     if char == "!":
         return "; for 'not equal' write '!=', for negation write 'not'."
+    if len(allowed) > 1:
+        allowed = allowed - {"NEWLINE"}
     if allowed:
         return f"; expected {_expected_phrase(allowed)}."
     return "."

@@ -1,0 +1,202 @@
+"""Load rules from files: ``*.fxr`` rule files and ``*.py`` rule modules, one file or a whole
+directory, in a deterministic order.
+
+>>> import pathlib, tempfile
+>>> folder = pathlib.Path(tempfile.mkdtemp())
+>>> _ = (folder / "algebra.fxr").write_text("rule mul_one:\\n    x * 1 => x\\n")
+>>> rules = load_rules(folder)
+>>> [(r.name, r.origin.endswith("algebra.fxr:1")) for r in rules]
+[('mul_one', True)]
+
+A ``.fxr`` file is data: loading it runs no code from it (see docs/dsl.md, "Trust model"). A
+``.py`` rule file is code, like a ``conftest.py``: it is imported, so it runs. It contributes
+every :class:`~fxrewrite.rule.Rule` and :class:`~fxrewrite.rule.RuleSet` bound at module level
+(in definition order, rule sets flattened, the same object once), and a rule ``NAME`` for every
+pair of module-level functions ``NAME_pattern`` / ``NAME_replacement``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+import logging
+import re
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from .dsl import parse_rules
+from .errors import RuleDefinitionError, RuleLoadError
+from .rule import Rule, RuleBuilder, RuleSet
+
+__all__ = ["RULE_SUFFIXES", "load_rules", "parse_rules", "standard_rules_dir"]
+
+logger = logging.getLogger(__name__)
+
+#: File name endings of rule files.
+RULE_SUFFIXES = (".fxr", ".py")
+
+_SKIPPED_FILES = frozenset({"__init__.py", "conftest.py"})
+
+
+def load_rules(path: str | Path | None = None, *, names: Mapping[str, Any] | None = None) -> RuleSet:
+    """The rules of a rule file, or of every rule file under a directory.
+
+    A directory is walked recursively in sorted order (by relative path); ``*.fxr`` and ``*.py``
+    files are loaded, except ``__init__.py``, ``conftest.py`` and anything whose name starts
+    with ``.`` or ``_``. Without ``path``, the standard rule library shipped with fxrewrite is
+    loaded. ``names`` is handed to every ``.fxr`` file (see :func:`parse_rules`).
+
+    Raises :class:`RuleLoadError` for a missing path, a directory without rule files or a Python
+    rule file that fails to import; :class:`RuleSyntaxError` / :class:`RuleDefinitionError` for a
+    bad rule, and :class:`RuleDefinitionError` when two rules share a name.
+    """
+    root = standard_rules_dir() if path is None else Path(path)
+    if not root.exists():
+        raise RuleLoadError(f"no such rule file or directory: '{root}'. Pass the path of a .fxr or .py file or "
+                            f"of a directory containing them.")
+    files = rule_files(root) if root.is_dir() else [_single_file(root)]
+    if not files:
+        raise RuleLoadError(f"no rule files (*.fxr, *.py) found under '{root}'; put rules in .fxr or .py files "
+                            f"there, or pass another directory.")
+    rules = _unique(_load_file(f, names) for f in files)
+    logger.debug("loaded %d rule(s) from %d file(s) under %s", len(rules), len(files), root)
+    return RuleSet(rules)
+
+
+def rule_files(root: Path) -> list[Path]:
+    """The rule files under directory ``root``, sorted by their path relative to ``root``."""
+    found = [p for p in root.rglob("*") if p.is_file() and _is_rule_file(p.relative_to(root))]
+    return sorted(found, key=lambda p: p.relative_to(root).parts)
+
+
+def _is_rule_file(relative: Path) -> bool:
+    if relative.suffix not in RULE_SUFFIXES or relative.name in _SKIPPED_FILES:
+        return False
+    return not any(part.startswith((".", "_")) for part in relative.parts)
+
+
+def _single_file(path: Path) -> Path:
+    if path.suffix not in RULE_SUFFIXES:
+        raise RuleLoadError(f"'{path}' is not a rule file: rule files end in .fxr (rule language) or .py (Python).")
+    return path
+
+
+def standard_rules_dir(package: Path | None = None) -> Path:
+    """Where the standard rule library is: ``fxrewrite/_rules`` in an installed package, else the
+    ``rules/`` directory of the source checkout (next to ``pyproject.toml``) the package was
+    imported from. ``package`` is the package directory (default: this package's)."""
+    package = Path(__file__).resolve().parent if package is None else package
+    installed = package / "_rules"
+    if installed.is_dir():
+        return installed
+    checkout = package.parent
+    if (checkout / "rules").is_dir() and (checkout / "pyproject.toml").is_file():
+        return checkout / "rules"
+    raise RuleLoadError(f"the standard rule library is missing: neither '{installed}' nor '{checkout / 'rules'}' "
+                        f"exists. Reinstall fxrewrite, or pass the path of your rules to load_rules().")
+
+
+def _load_file(path: Path, names: Mapping[str, Any] | None) -> Iterable[Rule]:
+    if path.suffix == ".fxr":
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise RuleLoadError(f"cannot read rule file '{path}': {exc}") from exc
+        return parse_rules(text, source=str(path), names=names)
+    return _rules_of_module(_import(path), path)
+
+
+def _unique(groups: Iterable[Iterable[Rule]]) -> list[Rule]:
+    """Concatenate, keeping each rule object once; two different rules with one name are an error
+    naming both places."""
+    rules: list[Rule] = []
+    seen_ids: set[int] = set()
+    by_name: dict[str, Rule] = {}
+    for rule in (r for group in groups for r in group):
+        if id(rule) in seen_ids:
+            continue
+        if rule.name in by_name:
+            raise RuleDefinitionError(
+                f"two rules are named '{rule.name}': one at {by_name[rule.name].origin}, one at {rule.origin}; "
+                f"rule names must be unique across the files loaded together, rename one of them."
+            )
+        seen_ids.add(id(rule))
+        by_name[rule.name] = rule
+        rules.append(rule)
+    return rules
+
+
+# ---- Python rule files -------------------------------------------------------------------------
+
+
+def _module_name(path: Path) -> str:
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+    stem = re.sub(r"\W", "_", path.stem)
+    return f"fxrewrite_rules_{stem}_{digest}"
+
+
+def _import(path: Path) -> ModuleType:
+    """Import a Python rule file under a name of its own; its directory is on ``sys.path`` only
+    while it runs (so it can import modules next to it)."""
+    name = _module_name(path)
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise RuleLoadError(f"cannot import Python rule file '{path}'.")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    directory = str(path.resolve().parent)
+    sys.path.insert(0, directory)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(name, None)
+        raise RuleLoadError(
+            f"Python rule file '{path}' failed to import: {type(exc).__name__}: {exc}. Fix the file (it runs like "
+            f"any Python module when it is loaded)."
+        ) from exc
+    finally:
+        _remove_first(sys.path, directory)
+    return module
+
+
+def _remove_first(items: list[str], value: str) -> None:
+    try:
+        items.remove(value)
+    except ValueError:
+        pass
+
+
+def _rules_of_module(module: ModuleType, path: Path) -> Iterator[Rule]:
+    """The rules a module defines at module level, in definition order."""
+    namespace = vars(module)
+    for name, value in list(namespace.items()):
+        if isinstance(value, Rule):
+            yield value
+        elif isinstance(value, RuleSet):
+            yield from value
+        elif isinstance(value, RuleBuilder):
+            raise RuleDefinitionError(
+                f"{path}: '{name}' is a pattern awaiting its replacement; decorate the replacement with "
+                f"@{value.pattern.__name__}.replacement."
+            )
+        elif name.endswith("_pattern") and _defined_in(value, module):
+            rule = _function_pair(name.removesuffix("_pattern"), value, namespace, module, path)
+            if rule is not None:
+                yield rule
+
+
+def _defined_in(value: Any, module: ModuleType) -> bool:
+    return inspect.isfunction(value) and value.__module__ == module.__name__
+
+
+def _function_pair(base: str, pattern: Callable[..., Any], namespace: Mapping[str, Any], module: ModuleType,
+                   path: Path) -> Rule | None:
+    replacement = namespace.get(f"{base}_replacement")
+    if replacement is None or not _defined_in(replacement, module):
+        logger.debug("%s: %s_pattern has no %s_replacement; skipped", path, base, base)
+        return None
+    return Rule.from_functions(pattern, replacement, name=base)
