@@ -23,7 +23,9 @@ import torch.fx as fx
 from torch.fx.node import Node
 
 from .errors import RewriteError
+from .canon import aten_overload
 from .match import Match, node_position
+from .meta import has_values, propagate_values
 from .rule import Rule
 
 __all__ = ["Splicer", "insertion_point"]
@@ -47,9 +49,11 @@ class _ReplacementTracer(fx.Tracer):
         self._module_paths = {id(m): name for name, m in modules.items()}
         self._tensor_paths: dict[int, str] | None = None
         self._stack_trace = ""
+        self.aten = False
 
-    def begin(self, rule: Rule) -> None:
+    def begin(self, rule: Rule, aten: bool) -> None:
         self.rule = rule
+        self.aten = aten
         self.created = []
         self.new_attributes = []
         file, _, line = rule.origin.rpartition(":")
@@ -60,6 +64,8 @@ class _ReplacementTracer(fx.Tracer):
         )
 
     def create_node(self, kind, target, args, kwargs, name=None, type_expr=None):  # type: ignore[no-untyped-def]
+        if self.aten and kind in ("call_function", "call_method"):
+            kind, target, args, kwargs = _as_aten_call(kind, target, args, kwargs)
         node = super().create_node(kind, target, args, kwargs, name, type_expr)
         node.meta["stack_trace"] = self._stack_trace
         node.meta["fxrewrite_rule"] = self.rule.name if self.rule else None
@@ -164,7 +170,7 @@ class Splicer:
             raise RewriteError(_where(rule, match) + ": no place in the graph where the replacement's inputs "
                                "are all computed and its results not yet used; this match cannot be rewritten.")
         tracer = self.tracer
-        tracer.begin(rule)
+        tracer.begin(rule, aten=any(isinstance(n.target, torch._ops.OpOverload) for n in match.nodes))
         try:
             with self.gm.graph.inserting_before(point):
                 result = rule.replacement(**_arguments(match, tracer))
@@ -177,6 +183,8 @@ class Splicer:
                 f"{_where(rule, match)}: the replacement raised {type(exc).__name__}: {exc}. The graph was left "
                 f"as it was before this rewrite; fix the replacement (it is called with Proxies for tensors)."
             ) from exc
+        if has_values(match.bindings.values()):
+            propagate_values(self.gm, tracer.created)
         _rewire(match, new_outputs)
         _erase(self.gm.graph, match)
         return tracer.created
@@ -201,6 +209,37 @@ def insertion_point(match: Match) -> Node | None:
     if outside_users and (after is None or first_use > after):
         return min(outside_users, key=node_position)
     return None
+
+
+def _as_aten_call(kind: str, target: Any, args: Any, kwargs: Any) -> tuple[str, Any, Any, Any]:
+    """In an ATen-level graph (torch.export), record a torch-level call as its ATen overload,
+    with the arguments laid out as torch.export does (trailing defaults dropped)."""
+    found = aten_overload(kind, target, args, kwargs)
+    if found is None:
+        return kind, target, args, kwargs
+    overload, named = found
+    positional: list[Any] = []
+    keywords: dict[str, Any] = {}
+    for argument in overload._schema.arguments:
+        value = named[argument.name]
+        is_default = argument.has_default_value() and _same_value(value, argument.default_value)
+        if argument.kwarg_only:
+            if not is_default:
+                keywords[argument.name] = value
+        else:
+            positional.append((value, is_default))
+    while positional and positional[-1][1]:
+        positional.pop()
+    return "call_function", overload, tuple(v for v, _ in positional), keywords
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, Node) or isinstance(b, Node):
+        return a is b
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:
+        return False
 
 
 def _where(rule: Rule, match: Match) -> str:

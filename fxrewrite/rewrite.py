@@ -43,6 +43,7 @@ from torch.fx.node import Node
 from .canon import op_key_of
 from .errors import DidNotConverge, FxRewriteError, RewriteError
 from .match import Match, match_at, node_position
+from .meta import propagate_inputs
 from .replace import Splicer, insertion_point
 from .rule import Guard, Rule, RuleSet, RulesLike, as_ruleset
 
@@ -142,7 +143,7 @@ def rewrite(
     ``GraphModule`` (copied unless ``inplace=True``); the caller's module is never modified
     unless ``inplace=True``. ``max_rewrites`` bounds the number of rewrites (default: eight per
     graph node, plus 64). ``example_inputs`` lets guards read shapes and dtypes of a graph that
-    carries no metadata (they are propagated with ``ShapeProp``). ``debug`` (or the environment
+    carries no metadata (fake tensors are propagated through the graph, see :mod:`fxrewrite.meta`). ``debug`` (or the environment
     variable ``FXREWRITE_DEBUG=1``) lints the graph after every rewrite and names the rule after
     which a check failed.
     """
@@ -214,10 +215,8 @@ def _copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
 
 
 def _propagate_shapes(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
-    from torch.fx.passes.shape_prop import ShapeProp
-
     try:
-        ShapeProp(gm).propagate(*example_inputs)
+        propagate_inputs(gm, example_inputs)
     except Exception as exc:
         raise RewriteError(
             f"could not propagate shapes with the given example_inputs: {type(exc).__name__}: {exc}. "

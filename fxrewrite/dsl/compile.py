@@ -112,6 +112,12 @@ def _error(src: ast.SourceText, span: ast.Span, message: str) -> RuleDefinitionE
     return RuleDefinitionError(f"{src.where(span)}: {message}\n{src.excerpt(span)}")
 
 
+def _runtime_error(src: ast.SourceText, span: ast.Span, message: str) -> RuleDefinitionError:
+    """An error while a rule's functions run (tracing, rewriting): one line, because the engine
+    embeds it in its own message."""
+    return RuleDefinitionError(f"{src.where(span)}: {message}")
+
+
 # ---- scope ---------------------------------------------------------------------------------------
 
 
@@ -147,7 +153,7 @@ class Scope:
 
     @classmethod
     def build(cls, file: ast.RuleFile | None, names: Mapping[str, Any] | None) -> Scope:
-        roots = {name: _Root(value, False, name) for name, value in DEFAULT_NAMES.items()}
+        roots = {name: _Root(value, False, getattr(value, "__name__", name)) for name, value in DEFAULT_NAMES.items()}
         for name, value in _checked_names(names).items():
             roots[name] = _Root(value, True, f"names[{name!r}]")
         scope = cls(roots)
@@ -437,7 +443,7 @@ class _WhereGuard:
     def __init__(self, body: Closure, names: Sequence[str], label: str) -> None:
         self._body = body
         self._names = tuple(names)
-        self.__qualname__ = label
+        self.__name__ = self.__qualname__ = label  # what rewrite reports name the guard by
 
     def __call__(self, match: Any) -> bool:
         return bool(self._body(_Frame({name: match[name] for name in self._names})))
@@ -578,7 +584,7 @@ class _Compiler:
             try:
                 return scope.lookup(names)
             except _PathError as exc:
-                raise _error(src, path[exc.index][1], str(exc)) from None
+                raise _runtime_error(src, path[exc.index][1], str(exc)) from None
 
         return resolve
 
@@ -751,7 +757,7 @@ def _binary(op: str, src: ast.SourceText, span: ast.Span) -> Callable[[Any, Any]
     def apply(a: Any, b: Any) -> Any:
         problem = _constant_problem(op, a, b)
         if problem:
-            raise _error(src, span, problem)
+            raise _runtime_error(src, span, problem)
         return fn(a, b)
 
     return apply

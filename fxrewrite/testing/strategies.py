@@ -230,7 +230,16 @@ def _tensors(draw: Any, dtypes: SearchStrategy[torch.dtype], shapes: SearchStrat
 @functools.lru_cache(maxsize=1024)
 def _value_lists(dtype: torch.dtype, size: int, lo: float | None, hi: float | None,
                  special: bool) -> SearchStrategy[list[Any]]:
-    return st.lists(elements(dtype, min_value=lo, max_value=hi, special_values=special), min_size=size, max_size=size)
+    """``size`` values: a drawn list of up to ``size`` values, repeated to fill. Repeating lets
+    the shrinker drop values without changing the shape, so ``[0.0, inf]`` shrinks to
+    ``[inf, inf]`` and then, with one dimension less, to ``inf``."""
+    drawn = st.lists(elements(dtype, min_value=lo, max_value=hi, special_values=special),
+                     min_size=min(size, 1), max_size=size)
+    return drawn.map(lambda values: _cycle(values, size))
+
+
+def _cycle(values: list[Any], size: int) -> list[Any]:
+    return [values[i % len(values)] for i in range(size)] if values else []
 
 
 def tensors(*, dtypes: torch.dtype | Sequence[torch.dtype] | SearchStrategy[torch.dtype] = DEFAULT_DTYPES,

@@ -1,0 +1,91 @@
+"""Value metadata on graph nodes: fake tensors in ``meta["val"]``.
+
+Graphs from ``torch.export`` carry a fake tensor on every node; :func:`propagate_inputs` gives a
+traced graph the same from example inputs, and :func:`propagate_values` computes it for nodes a
+rewrite created, so guards can read shapes and dtypes everywhere and exported graphs stay
+complete.
+
+>>> import torch, torch.fx as fx
+>>> gm = fx.symbolic_trace(lambda x: torch.relu(x).sum(-1))
+>>> propagate_inputs(gm, (torch.randn(3, 5),))
+>>> [tuple(n.meta["val"].shape) for n in gm.graph.nodes if n.op != "output"]
+[(3, 5), (3, 5), (3,)]
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.fx.node import Node, map_arg
+
+__all__ = ["has_values", "propagate_inputs", "propagate_values"]
+
+logger = logging.getLogger(__name__)
+
+
+def has_values(nodes: Iterable[Any]) -> bool:
+    """True when one of ``nodes`` carries a fake tensor value (the graph is annotated)."""
+    return any(isinstance(n, Node) and _is_fake(n.meta.get("val")) for n in nodes)
+
+
+def _is_fake(value: Any) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(value, FakeTensor)
+
+
+def propagate_inputs(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
+    """Annotate every node of ``gm`` with ``meta["val"]`` by running it on fake copies of
+    ``example_inputs`` (no real computation happens)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fake_inputs = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
+    FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fake_inputs)
+
+
+def propagate_values(gm: fx.GraphModule, nodes: Iterable[Node]) -> None:
+    """Compute ``meta["val"]`` for ``nodes`` (in graph order) from their inputs' values.
+
+    Nodes whose inputs lack values, or whose computation fails under fake tensors, are left
+    without; the rewrite copies the replaced output's value onto the new output anyway.
+    """
+    from torch._guards import detect_fake_mode
+
+    nodes = list(nodes)
+    inputs = [a.meta.get("val") for n in nodes for a in n.all_input_nodes]
+    mode = detect_fake_mode([v for v in inputs if _is_fake(v)])
+    if mode is None:
+        return
+    for node in nodes:
+        if "val" in node.meta or node.op in ("placeholder", "output"):
+            continue
+        if any("val" not in a.meta for a in node.all_input_nodes):
+            continue
+        args = map_arg(node.args, lambda n: n.meta["val"])
+        kwargs = map_arg(node.kwargs, lambda n: n.meta["val"])
+        try:
+            with mode:
+                node.meta["val"] = _run(gm, node, args, kwargs, mode)
+        except Exception as exc:  # a value we cannot compute is only a missing annotation
+            logger.debug("could not compute meta['val'] of %s: %s", node.format_node(), exc)
+
+
+def _run(gm: fx.GraphModule, node: Node, args: Any, kwargs: Any, mode: Any) -> Any:
+    if node.op == "call_function":
+        return node.target(*args, **kwargs)
+    if node.op == "call_method":
+        return getattr(args[0], node.target)(*args[1:], **kwargs)
+    if node.op == "call_module":
+        return gm.get_submodule(node.target)(*args, **kwargs)
+    if node.op == "get_attr":
+        value = gm
+        for part in node.target.split("."):
+            value = getattr(value, part)
+        return mode.from_tensor(value) if isinstance(value, torch.Tensor) else value
+    raise ValueError(f"no value for a {node.op} node")
