@@ -27,13 +27,16 @@ from .errors import (
     RuleDefinitionError,
     RuleLoadError,
     RuleSyntaxError,
+    TargetError,
 )
+from .explain import Explanation, explain, find_matches
 from .match import Match, TensorView
 from .rewrite import Report, RewriteResult, RuleStats, rewrite
 from .rule import Rule, RuleSet, rule
 
 __all__ = [
     "DidNotConverge",
+    "Explanation",
     "FxRewriteError",
     "Match",
     "MetadataError",
@@ -47,8 +50,11 @@ __all__ = [
     "RuleSet",
     "RuleStats",
     "RuleSyntaxError",
+    "TargetError",
     "TensorView",
     "__version__",
+    "explain",
+    "find_matches",
     "replace_pattern",
     "replace_pattern_with_filters",
     "rewrite",

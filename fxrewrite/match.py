@@ -37,7 +37,7 @@ from .canon import canonical_arguments, is_commutative_call, op_key_of
 from .errors import MetadataError
 from .pattern import Param, Pattern
 
-__all__ = ["Match", "MatchOptions", "TensorView", "match_at", "node_position"]
+__all__ = ["Match", "MatchOptions", "Rejection", "TensorView", "match_at", "node_position"]
 
 _MISSING = object()
 
@@ -163,6 +163,17 @@ class Match:
             raise KeyError(f"the pattern has no parameter '{name}'; it has {sorted(self.bindings)}") from None
 
 
+@attrs.frozen
+class Rejection:
+    """Why a pattern did not match at a graph node: the pattern node and graph value where it
+    failed, the reason, and how many pattern nodes were matched by then (``progress``)."""
+
+    pattern_node: Node
+    graph_value: Any
+    reason: str
+    progress: int
+
+
 class _Search:
     """Backtracking search for one pattern at one anchor candidate.
 
@@ -179,12 +190,13 @@ class _Search:
         self.p2g: dict[Node, Any] = {}
         self.used: dict[Node, int] = {}
         self.record = record
-        self.failure: tuple[Node, Any, str] | None = None
+        self.failure: Rejection | None = None
 
     # -- bookkeeping -------------------------------------------------------------------------
     def fail(self, pn: Node, gv: Any, reason: str) -> None:
-        if self.record:
-            self.failure = (pn, gv, reason)
+        """Remember why the search failed where it got furthest (the closest miss)."""
+        if self.record and (self.failure is None or len(self.p2g) >= self.failure.progress):
+            self.failure = Rejection(pn, gv, reason, len(self.p2g))
 
     def bind(self, pn: Node, gv: Any) -> None:
         self.p2g[pn] = gv
@@ -338,14 +350,14 @@ class _Search:
 def match_at(pattern: Pattern, anchor: Node, owner: torch.nn.Module | None, *,
              options: MatchOptions = MatchOptions(),
              candidates: Callable[[Any], Iterable[Node]] | None = None,
-             on_reject: Callable[[tuple[Node, Any, str]], None] | None = None,
+             on_reject: Callable[[Rejection], None] | None = None,
              modules: Mapping[str, torch.nn.Module] | None = None) -> Iterator[Match]:
     """Every sound match of ``pattern`` whose anchor is the graph node ``anchor``.
 
     ``owner`` is the module owning the graph (to look up ``call_module`` targets);
     ``candidates(key)`` lists graph nodes by op key, for patterns whose outputs are disconnected.
-    ``on_reject`` receives ``(pattern node, graph value, reason)`` for the first reason each
-    candidate failed: the raw material of ``explain``.
+    ``on_reject`` receives a :class:`Rejection` for each way the anchor failed: the structural
+    failure where the search got furthest, and each structural match that was not sound.
     """
     if modules is None:
         modules = dict(owner.named_modules()) if owner is not None and pattern.module_captures else {}
@@ -367,7 +379,7 @@ def _once() -> Iterator[None]:
 
 
 def _sound_match(pattern: Pattern, p2g: Mapping[Node, Any], anchor: Node,
-                 modules: Mapping[str, torch.nn.Module]) -> tuple[Match | None, Any]:
+                 modules: Mapping[str, torch.nn.Module]) -> tuple[Match | None, Rejection | None]:
     inner = {}
     for pn in pattern.inner_nodes:
         inner[p2g[pn]] = pn
@@ -378,7 +390,8 @@ def _sound_match(pattern: Pattern, p2g: Mapping[Node, Any], anchor: Node,
             continue
         for user in gn.users:
             if user not in inner:
-                return None, (inner[gn], gn, f"'{gn.name}' is also used by '{user.name}' outside the match")
+                return None, Rejection(inner[gn], gn, f"'{gn.name}' is also used by '{user.name}' outside the match",
+                                       len(p2g))
     bindings: dict[str, Any] = {}
     module_paths: dict[str, str] = {}
     for param in pattern.params:
@@ -387,11 +400,13 @@ def _sound_match(pattern: Pattern, p2g: Mapping[Node, Any], anchor: Node,
             module_paths[param.name] = value
             value = modules[value]
         elif isinstance(value, Node) and value in inner:
-            return None, (pattern.placeholders[param.name], value,
-                          f"variable '{param.name}' would bind '{value.name}', which the match itself computes")
+            return None, Rejection(pattern.placeholders[param.name], value,
+                                   f"variable '{param.name}' would bind '{value.name}', which the match itself "
+                                   f"computes", len(p2g))
         bindings[param.name] = value
     if pattern.is_multi_output and _creates_cycle(inner, bindings.values()):
-        return None, (pattern.anchor, anchor, "replacing the match would create a cycle through the graph")
+        return None, Rejection(pattern.anchor, anchor, "replacing the match would create a cycle through the graph",
+                               len(p2g))
     nodes = tuple(sorted(inner, key=node_position))
     return Match(pattern, bindings, nodes, outputs, anchor, module_paths, dict(p2g)), None
 

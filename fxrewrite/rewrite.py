@@ -45,7 +45,7 @@ from .errors import DidNotConverge, FxRewriteError, RewriteError
 from .match import Match, match_at, node_position
 from .meta import propagate_inputs
 from .replace import Splicer, insertion_point
-from .rule import Guard, Rule, RuleSet, RulesLike, as_ruleset
+from .rule import Rule, RuleSet, RulesLike, as_ruleset
 
 __all__ = ["Report", "RewriteResult", "RuleStats", "rewrite", "to_graph_module"]
 
@@ -279,21 +279,13 @@ class _Driver:
                     return
 
     def _guards_pass(self, rule: Rule, match: Match, tally: _Tally) -> bool:
-        for guard in rule.where:
-            try:
-                ok = bool(guard(match))
-            except Exception as exc:
-                raise RewriteError(
-                    f"rule '{rule.name}' ({rule.origin}): guard {describe_guard(guard)} raised "
-                    f"{type(exc).__name__}: {exc} at graph node '{match.anchor.name}' "
-                    f"({match.anchor.format_node()}). Fix the guard; no rewrite was applied here."
-                ) from exc
-            if not ok:
-                tally.rejected += 1
-                if len(tally.reasons) < _MAX_REASONS:
-                    tally.reasons.append(f"at '{match.anchor.name}': guard {describe_guard(guard)} returned False")
-                return False
-        return True
+        refusal = rule.refusal(match)
+        if refusal is None:
+            return True
+        tally.rejected += 1
+        if len(tally.reasons) < _MAX_REASONS:
+            tally.reasons.append(f"at '{match.anchor.name}': {refusal}")
+        return False
 
     def _apply(self, rule: Rule, match: Match, tally: _Tally) -> None:
         if self.rewrites >= self.budget:
@@ -351,10 +343,3 @@ class _Driver:
             f"inverse) never settle: remove one, or add a where= guard. ({origins}). Raise max_rewrites "
             f"if the graph really needs more rewrites."
         )
-
-
-def describe_guard(guard: Guard) -> str:
-    """``name (file:line)`` of a guard, for messages."""
-    name = getattr(guard, "__name__", None) or repr(guard)
-    code = getattr(guard, "__code__", None)
-    return f"{name} ({code.co_filename}:{code.co_firstlineno})" if code else name

@@ -29,15 +29,16 @@ The decorator form names the rule after the pattern function::
 from __future__ import annotations
 
 import inspect
+import linecache
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from typing import Any, Union
 
 import attrs
 
-from .errors import RuleDefinitionError
+from .errors import RewriteError, RuleDefinitionError
 from .pattern import Param, Pattern, signature_params, trace_pattern
 
-__all__ = ["Guard", "Rule", "RuleBuilder", "RuleSet", "RulesLike", "as_ruleset", "rule"]
+__all__ = ["Guard", "Rule", "RuleBuilder", "RuleSet", "RulesLike", "as_ruleset", "describe_guard", "rule"]
 
 Guard = Callable[[Any], bool]
 
@@ -129,8 +130,38 @@ class Rule:
     def anchor_key(self) -> Hashable:
         return self.compiled.anchor_key
 
+    def refusal(self, match: Any) -> str | None:
+        """Run the guards on ``match``: ``None`` when all accept it, else which one refused.
+
+        A guard that raises is an error (:class:`RewriteError` naming the rule and the node),
+        never a silent refusal.
+        """
+        for guard in self.where:
+            try:
+                ok = bool(guard(match))
+            except Exception as exc:
+                raise RewriteError(
+                    f"rule '{self.name}' ({self.origin}): guard {describe_guard(guard)} raised "
+                    f"{type(exc).__name__}: {exc} at graph node '{match.anchor.name}' "
+                    f"({match.anchor.format_node()}). Fix the guard; no rewrite was applied here."
+                ) from exc
+            if not ok:
+                return f"guard {describe_guard(guard)} returned False"
+        return None
+
     def __repr__(self) -> str:
         return f"<Rule {self.name} priority={self.priority} at {self.origin}>"
+
+
+def describe_guard(guard: Guard) -> str:
+    """``name (file:line)`` of a guard, with its source line when it can be read."""
+    name = getattr(guard, "__name__", None) or repr(guard)
+    code = getattr(guard, "__code__", None)
+    if code is None:
+        return name
+    source = linecache.getline(code.co_filename, code.co_firstlineno).strip()
+    where = f"{name} ({code.co_filename}:{code.co_firstlineno})"
+    return f"{where}: {source}" if source and name == "<lambda>" else where
 
 
 def _first_doc_line(fn: Callable[..., Any]) -> str | None:

@@ -10,6 +10,7 @@ import fxrewrite
 
 PUBLIC = [
     "DidNotConverge",
+    "Explanation",
     "FxRewriteError",
     "Match",
     "MetadataError",
@@ -23,8 +24,11 @@ PUBLIC = [
     "RuleSet",
     "RuleStats",
     "RuleSyntaxError",
+    "TargetError",
     "TensorView",
     "__version__",
+    "explain",
+    "find_matches",
     "replace_pattern",
     "replace_pattern_with_filters",
     "rewrite",

@@ -618,6 +618,7 @@ class _Compiler:
     def _check_callee(self, node: ast.Call) -> None:
         func = node.func
         if isinstance(func, ast.Name) and func.id not in self.ctx.lets and func.id not in self.ctx.scope:
+            _check_new_name(self.ctx.src, func.span, func.id, what="a function", scope=None, context=self.ctx.context)
             kind = self.ctx.kind(func.id)
             if kind == "literal":
                 raise self.ctx.error(func.span, f"'{func.id}' is a literal capture and cannot be called; only "

@@ -146,12 +146,11 @@ def _float_elements(dtype: torch.dtype, lo: float | None, hi: float | None, spec
     notable = [0.0, 1.0, -1.0, -0.0, 0.5, 2.0, -2.0, info.max, -info.max, info.tiny, -info.tiny,
                info.smallest_normal / 2 ** (info.bits // 2), low, high]
     values = [v for v in _unique(notable) if low <= v <= high]
-    if special:
-        values += [math.inf, -math.inf, math.nan]
+    non_finite = st.sampled_from([math.inf, -math.inf, math.nan]) if special else st.nothing()
     low, high = _representable(low, width, up=True), _representable(high, width, up=False)
     moderate = st.floats(max(low, -10.0), min(high, 10.0), width=width) if low <= 10 and high >= -10 else st.nothing()
     wide = st.floats(low, high, width=width, allow_nan=False, allow_infinity=False)
-    return st.one_of(st.sampled_from(values) if values else st.nothing(), moderate, wide)
+    return st.one_of(st.sampled_from(values) if values else st.nothing(), non_finite, moderate, wide)
 
 
 def _int_elements(dtype: torch.dtype, lo: float | None, hi: float | None) -> SearchStrategy[int]:
@@ -168,9 +167,9 @@ def _int_elements(dtype: torch.dtype, lo: float | None, hi: float | None) -> Sea
 @functools.lru_cache(maxsize=512)
 def elements(dtype: torch.dtype, *, min_value: float | None = None, max_value: float | None = None,
              special_values: bool = True) -> SearchStrategy[Any]:
-    """Python numbers that fit ``dtype``: notable values first (``0``, ``1``, ``-1``, ``-0.0``,
-    the dtype's extremes, the smallest normal and a subnormal, the bounds), then moderate values
-    in ``[-10, 10]`` and finally any value in range. ``min_value`` / ``max_value`` bound the finite
+    """Python numbers that fit ``dtype``, drawn evenly from four groups: notable values (``0``,
+    ``1``, ``-1``, ``-0.0``, ``±2``, the dtype's extremes, the smallest normal, a subnormal, the
+    bounds), non-finite values, moderate values in ``[-10, 10]`` and any value in range. ``min_value`` / ``max_value`` bound the finite
     values; ``special_values`` adds ``nan``, ``inf`` and ``-inf`` (floating dtypes only).
 
     >>> from hypothesis import find
@@ -227,14 +226,18 @@ def _tensors(draw: Any, dtypes: SearchStrategy[torch.dtype], shapes: SearchStrat
     return _build_tensor(values, shape, dtype)
 
 
+#: At most this many distinct values are drawn per tensor; larger tensors repeat them.
+MAX_DISTINCT_VALUES = 32
+
+
 @functools.lru_cache(maxsize=1024)
 def _value_lists(dtype: torch.dtype, size: int, lo: float | None, hi: float | None,
                  special: bool) -> SearchStrategy[list[Any]]:
-    """``size`` values: a drawn list of up to ``size`` values, repeated to fill. Repeating lets
-    the shrinker drop values without changing the shape, so ``[0.0, inf]`` shrinks to
-    ``[inf, inf]`` and then, with one dimension less, to ``inf``."""
+    """``size`` values: a drawn list of values, repeated or cut to ``size``. Its length does not
+    depend on the shape, so the shrinker can drop values and dimensions independently:
+    ``[0.0, inf]`` shrinks to ``[inf, inf]`` and then, one dimension less, to ``inf``."""
     drawn = st.lists(elements(dtype, min_value=lo, max_value=hi, special_values=special),
-                     min_size=min(size, 1), max_size=size)
+                     min_size=1, max_size=MAX_DISTINCT_VALUES)
     return drawn.map(lambda values: _cycle(values, size))
 
 
@@ -254,7 +257,7 @@ def tensors(*, dtypes: torch.dtype | Sequence[torch.dtype] | SearchStrategy[torc
     >>> from hypothesis import find
     >>> t = find(tensors(dtypes=[torch.float32, torch.int64]), lambda t: t.numel() > 1 and bool(t.isinf().any()))
     >>> t.shape, t.dtype, t.tolist()
-    (torch.Size([2]), torch.float32, [0.0, inf])
+    (torch.Size([2]), torch.float32, [inf, inf])
     """
     dtype_strategy = _as_strategy(dtypes, name="dtypes", kind=torch.dtype)
     if shapes is None:
@@ -633,7 +636,7 @@ def _base_shape(plan: InputPlan, shape: Sequence[int], modules: Mapping[str, nn.
 @st.composite
 def _related_shape(draw: Any, base: tuple[int, ...], mode: ShapeMode) -> tuple[int, ...]:
     """``base``, or (shrinking towards ``base``) a shape that broadcasts to it."""
-    if mode == "equal" or not base or not draw(st.booleans()):
+    if mode == "equal" or not base or not draw(st.booleans(), label="broadcast"):
         return base
     drop = draw(st.integers(0, len(base)))
     kept = base[drop:]
@@ -651,7 +654,8 @@ def _tensor_inputs(draw: Any, plan: InputPlan, config: _Config, base: tuple[int,
     out = {}
     for param in plan.tensors:
         own = plan.domain.tensor_domain(param.name)
-        shape = base if param.name in plan.consumers else draw(_related_shape(base, plan.domain.shapes))
+        related = param.name not in plan.consumers and len(plan.tensors) > 1
+        shape = draw(_related_shape(base, plan.domain.shapes)) if related else base
         if own.dtypes is not None:
             dtype = draw(st.sampled_from(own.dtypes))
         else:

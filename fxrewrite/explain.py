@@ -1,0 +1,193 @@
+"""Why did my rule (not) fire? Matching without rewriting.
+
+:func:`find_matches` yields every place a rule set matches (sound matches that pass the
+guards), without changing anything. :func:`explain` says, rule by rule, where it matched and,
+for its closest misses, the pattern node, the graph node and the first reason the match failed:
+
+>>> import torch, fxrewrite
+>>> rule = fxrewrite.Rule.from_functions(lambda x: torch.neg(torch.neg(x)), lambda x: x, name="neg_neg",
+...                                      origin="<doc>:1")
+>>> def f(a):
+...     inner = torch.neg(a)
+...     return torch.neg(inner) + inner + torch.neg(a * 2)
+>>> print(explain(rule, f))
+rule neg_neg (<doc>:1): 0 match(es) among 3 candidate(s) computing aten.neg
+  miss at 'neg_1' (neg_1 = torch.neg(neg)): 'neg' is also used by 'add' outside the match
+  miss at 'neg' (neg = torch.neg(a)): at pattern node 'neg': op differs: pattern has neg, graph has placeholder a
+  miss at 'neg_2' (neg_2 = torch.neg(mul)): at pattern node 'neg': op differs: pattern has neg, graph has mul
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import attrs
+import torch
+import torch.fx as fx
+from torch.fx.node import Node
+
+from .canon import op_key_of
+from .match import Match, Rejection, match_at
+from .rewrite import _propagate_shapes, to_graph_module
+from .rule import Rule, RulesLike, as_ruleset
+
+__all__ = ["Explanation", "Miss", "RuleExplanation", "explain", "find_matches"]
+
+
+@attrs.frozen
+class Miss:
+    """A candidate node where a rule did not match, and the reason where it got furthest."""
+
+    graph_node: str
+    code: str
+    pattern_node: str
+    reason: str
+    progress: int
+
+    def __str__(self) -> str:
+        where = f"at pattern node '{self.pattern_node}': " if self.progress < _FULL else ""
+        return f"miss at '{self.graph_node}' ({self.code}): {where}{self.reason}"
+
+
+_FULL = 1 << 30  # progress of a match refused after it was found (containment, cycle, guard)
+
+
+@attrs.frozen
+class RuleExplanation:
+    """What one rule did on a graph: matches (anchor node names) and closest misses."""
+
+    rule: str
+    origin: str
+    anchor: str
+    candidates: int
+    matches: tuple[str, ...]
+    misses: tuple[Miss, ...]
+
+    def __str__(self) -> str:
+        head = (f"rule {self.rule} ({self.origin}): {len(self.matches)} match(es) among {self.candidates} "
+                f"candidate(s) computing {self.anchor}")
+        lines = [head]
+        lines += [f"  match at '{name}'" for name in self.matches]
+        lines += [f"  {miss}" for miss in self.misses]
+        if not self.candidates:
+            lines.append(f"  no node of the graph computes {self.anchor}, the op the pattern ends with")
+        return "\n".join(lines)
+
+
+@attrs.frozen
+class Explanation:
+    """The explanation of a rule set on one graph; ``str()`` is the report."""
+
+    rules: tuple[RuleExplanation, ...]
+
+    def __getitem__(self, name: str) -> RuleExplanation:
+        for r in self.rules:
+            if r.rule == name:
+                return r
+        raise KeyError(f"no rule named '{name}' was explained; rules: {[r.rule for r in self.rules]}")
+
+    def __str__(self) -> str:
+        return "\n".join(str(r) for r in self.rules)
+
+
+def _graph_module(target: Any, example_inputs: Sequence[Any] | None) -> fx.GraphModule:
+    gm = to_graph_module(target)
+    if example_inputs is not None:
+        _propagate_shapes(gm, example_inputs)
+    return gm
+
+
+def _candidates(gm: fx.GraphModule, rule: Rule) -> list[Node]:
+    return [n for n in gm.graph.nodes if op_key_of(n.op, n.target) == rule.anchor_key]
+
+
+def find_matches(rules: RulesLike, target: Any, *,
+                 example_inputs: Sequence[Any] | None = None) -> Iterator[tuple[Rule, Match]]:
+    """Every (rule, match) of ``rules`` in ``target``, in rule order then graph order, without
+    rewriting. Matches of different rules (or of one rule at different nodes) may overlap."""
+    gm = _graph_module(target, example_inputs)
+    modules = dict(gm.named_modules())
+    for rule in as_ruleset(rules):
+        for node in _candidates(gm, rule):
+            for match in match_at(rule.compiled, node, gm, modules=modules):
+                if rule.refusal(match) is None:
+                    yield rule, match
+                    break
+
+
+def explain(rules: RulesLike, target: Any, *, example_inputs: Sequence[Any] | None = None,
+            misses: int = 3) -> Explanation:
+    """For each rule: where it matches, and its ``misses`` closest misses with the reason."""
+    gm = _graph_module(target, example_inputs)
+    modules = dict(gm.named_modules())
+    return Explanation(tuple(_explain_rule(rule, gm, modules, misses) for rule in as_ruleset(rules)))
+
+
+def _explain_rule(rule: Rule, gm: fx.GraphModule, modules: dict[str, torch.nn.Module], limit: int) -> RuleExplanation:
+    matches: list[str] = []
+    found: list[Miss] = []
+    candidates = _candidates(gm, rule)
+    for node in candidates:
+        rejections: list[Rejection] = []
+        matched = False
+        for match in match_at(rule.compiled, node, gm, modules=modules, on_reject=rejections.append):
+            refusal = rule.refusal(match)
+            if refusal is None:
+                matches.append(node.name)
+                matched = True
+                break
+            rejections.append(Rejection(rule.compiled.anchor, node, refusal, _FULL + 1))
+        if not matched and rejections:
+            best = max(rejections, key=lambda r: r.progress)
+            found.append(_miss(node, best, rule))
+    found.sort(key=lambda m: -m.progress)
+    anchor = rule.anchor_key
+    return RuleExplanation(rule.name, rule.origin, _describe_key(anchor), len(candidates), tuple(matches),
+                           tuple(found[:limit]))
+
+
+def _miss(node: Node, rejection: Rejection, rule: Rule) -> Miss:
+    complete = rejection.progress >= len(rule.compiled.inner_nodes) + len(rule.compiled.params)
+    progress = _FULL if complete else rejection.progress
+    return Miss(node.name, _short(node), rejection.pattern_node.name, rejection.reason, progress)
+
+
+def _short(node: Node) -> str:
+    text = node.format_node()
+    # "%neg_1 : [num_users=1] = call_function[target=torch.neg](args = (%neg,), kwargs = {})" is long;
+    # show it as Python instead
+    args = ", ".join(_arg(a) for a in node.args)
+    kwargs = ", ".join(f"{k}={_arg(v)}" for k, v in node.kwargs.items())
+    inner = ", ".join(p for p in (args, kwargs) if p)
+    if node.op == "call_function":
+        return f"{node.name} = {_callable_name(node.target)}({inner})"
+    if node.op == "call_method":
+        return f"{node.name} = {inner.split(', ')[0]}.{node.target}({', '.join(inner.split(', ')[1:])})"
+    if node.op == "call_module":
+        return f"{node.name} = self.{node.target}({inner})"
+    return text
+
+
+def _arg(a: Any) -> str:
+    return a.name if isinstance(a, Node) else repr(a)
+
+
+def _callable_name(target: Any) -> str:
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)
+    module = getattr(target, "__module__", None)
+    name = getattr(target, "__name__", repr(target))
+    if module in ("_operator", "operator"):
+        return f"operator.{name}"
+    if module == "torch":
+        return f"torch.{name}"
+    return f"{module}.{name}" if module else name
+
+
+def _describe_key(key: Any) -> str:
+    if key[0] == "aten":
+        return f"aten.{key[1]}" if "::" not in key[1] else key[1]
+    if key[0] == "call_module":
+        return "a call_module"
+    return f"{key[0]} {key[1]}"
