@@ -27,6 +27,7 @@ from .errors import (
     RuleDefinitionError,
     RuleLoadError,
     RuleSyntaxError,
+    RuleWarning,
     TargetError,
 )
 from .explain import Explanation, explain, find_matches
@@ -50,6 +51,7 @@ __all__ = [
     "RuleSet",
     "RuleStats",
     "RuleSyntaxError",
+    "RuleWarning",
     "TargetError",
     "TensorView",
     "__version__",

@@ -89,7 +89,7 @@ def _replace_pattern(
     replacement_callback: Callable[[InternalMatch, fx.Graph, fx.Graph], fx.Graph] | None = None,
 ) -> list[ReplacedPatterns]:
     pattern_graph = _graph_of(pattern)
-    compiled = pattern_from_graph(pattern_graph, where="pattern", allow_attributes=True)
+    compiled = pattern_from_graph(pattern_graph, where="pattern", fx_style=True)
     matches = [
         m for m in find_fx_matches(gm, compiled, ignore_literals=ignore_literals)
         if all(f(m, gm.graph, pattern_graph) for f in match_filters or ())

@@ -13,6 +13,9 @@ meaning fits, so ``except ValueError`` keeps working for callers who do not know
      ├── TargetError           (ValueError)     a model given to the CLI cannot be imported, built or traced
      └── NotEquivalent         (AssertionError) a rewrite changed what the program computes
 
+Warnings: :class:`RuleWarning` (a ``UserWarning``) flags a rule that is probably wrong but
+may be intended, e.g. a replacement that ignores a tensor the pattern binds.
+
 Messages say what happened, where (rule name and ``file:line``, graph node) and what to do.
 """
 
@@ -27,6 +30,7 @@ __all__ = [
     "RuleDefinitionError",
     "RuleLoadError",
     "RuleSyntaxError",
+    "RuleWarning",
     "TargetError",
 ]
 
@@ -65,3 +69,7 @@ class TargetError(FxRewriteError, ValueError):
 
 class NotEquivalent(FxRewriteError, AssertionError):
     """A rewritten program computes something different from the original."""
+
+
+class RuleWarning(UserWarning):
+    """A rule is probably wrong, but may be intended (so it is a warning, not an error)."""

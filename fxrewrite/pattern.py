@@ -139,16 +139,16 @@ def trace_pattern(fn: Callable[..., Any], *, rule_name: str, origin: str) -> Pat
 
 
 def pattern_from_graph(graph: fx.Graph, params: tuple[Param, ...] | None = None, *, where: str,
-                       allow_attributes: bool = False) -> Pattern:
+                       fx_style: bool = False) -> Pattern:
     """Analyse an already traced pattern graph (every placeholder a variable unless ``params``
-    says otherwise). ``allow_attributes`` admits ``get_attr`` nodes (torch.fx-style patterns,
-    where they match any tensor attribute)."""
+    says otherwise). ``fx_style`` accepts what torch.fx patterns may contain and fxrewrite
+    rules may not: ``get_attr`` nodes (matching any tensor attribute) and in-place ops."""
     placeholders = {n.target: n for n in graph.nodes if n.op == "placeholder"}
     if params is None:
         params = tuple(Param(name, "tensor") for name in placeholders)
     param_of = {placeholders[p.name]: p for p in params}
     outputs = _pattern_outputs(graph, where)
-    _check_nodes(graph, param_of, outputs, where, allow_attributes)
+    _check_nodes(graph, param_of, outputs, where, fx_style)
     anchor = outputs[-1] if len(outputs) == 1 else max(outputs, key=_position_in(graph))
     return Pattern(
         graph=graph,
@@ -233,10 +233,10 @@ def _pattern_outputs(graph: fx.Graph, where: str) -> tuple[Node, ...]:
 
 
 def _check_nodes(graph: fx.Graph, param_of: Mapping[Node, Param], outputs: tuple[Node, ...], where: str,
-                 allow_attributes: bool) -> None:
+                 fx_style: bool) -> None:
     output_set = set(outputs)
     for n in graph.nodes:
-        if n.op == "get_attr" and not allow_attributes:
+        if n.op == "get_attr" and not fx_style:
             raise RuleDefinitionError(
                 f"{where}: the pattern reads the attribute or tensor constant '{n.target}'; patterns "
                 f"cannot contain tensor constants. Pass the value as a parameter instead."
@@ -251,6 +251,8 @@ def _check_nodes(graph: fx.Graph, param_of: Mapping[Node, Param], outputs: tuple
             raise RuleDefinitionError(
                 f"{where}: pattern parameter '{param.name}' is never used; remove it from the pattern."
             )
+        if not fx_style:
+            _check_pure(n, where)
     used_modules = {n.target for n in graph.nodes if n.op == "call_module"}
     for param in param_of.values():
         if param.kind == "module" and param.name not in used_modules:
@@ -258,6 +260,29 @@ def _check_nodes(graph: fx.Graph, param_of: Mapping[Node, Param], outputs: tuple
                 f"{where}: module capture '{param.name}' is never called in the pattern; call it "
                 f"('{param.name}(x)') or remove it."
             )
+
+
+def _check_pure(n: Node, where: str) -> None:
+    """Patterns describe values: no in-place ops, no out= arguments, no side effects."""
+    problem = None
+    if "out" in n.kwargs:
+        problem = "writes into an out= argument"
+    elif n.kwargs.get("inplace") is True:
+        problem = "passes inplace=True"
+    elif n.op == "call_method" and n.target.endswith("_") and not n.target.endswith("__"):
+        problem = f"calls the in-place method '.{n.target}()'"
+    elif n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable:
+        problem = f"calls the mutating op {n.target}"
+    elif n.op == "call_function" and getattr(n.target, "__name__", "").endswith("_") \
+            and not getattr(n.target, "__name__", "").endswith("__"):
+        problem = f"calls the in-place function {n.target.__name__}"
+    elif n.op in _INNER_OPS and n.op != "call_module" and n.is_impure():
+        problem = "has a side effect"
+    if problem:
+        raise RuleDefinitionError(
+            f"{where}: the pattern {problem} ({n.format_node()}); patterns must be pure computations. "
+            f"Match the out-of-place op instead."
+        )
 
 
 def _position_in(graph: fx.Graph) -> Callable[[Node], int]:

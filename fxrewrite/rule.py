@@ -28,14 +28,16 @@ The decorator form names the rule after the pattern function::
 
 from __future__ import annotations
 
+import dis
 import inspect
 import linecache
+import warnings
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from typing import Any, Union
 
 import attrs
 
-from .errors import RewriteError, RuleDefinitionError
+from .errors import RewriteError, RuleDefinitionError, RuleWarning
 from .pattern import Param, Pattern, signature_params, trace_pattern
 
 __all__ = ["Guard", "Rule", "RuleBuilder", "RuleSet", "RulesLike", "as_ruleset", "describe_guard", "rule"]
@@ -113,6 +115,7 @@ class Rule:
             raise RuleDefinitionError(f"{context}: priority must be an int, got {priority!r}.")
         compiled = trace_pattern(pattern, rule_name=name, origin=origin)
         _check_replacement_signature(compiled.params, replacement, context)
+        _warn_if_replacement_drops_tensors(compiled, replacement, context)
         return cls(
             name=name,
             pattern=pattern,
@@ -195,6 +198,38 @@ def _check_replacement_signature(params: tuple[Param, ...], replacement: Callabl
             f"{context}: the replacement does not accept the pattern parameter(s) {', '.join(missing)}; "
             f"give it the same parameters as the pattern ({', '.join(names)}), even if it ignores some."
         )
+
+
+def _warn_if_replacement_drops_tensors(compiled: Pattern, replacement: Callable[..., Any], context: str) -> None:
+    """Warn when the replacement never reads a tensor the pattern binds: dropping an operand
+    usually changes broadcasting, dtype promotion or nan/inf propagation. Decided from the
+    replacement's bytecode, so nothing of it runs."""
+    read = _names_read(replacement)
+    if read is None:
+        return
+    unused = [p.name for p in compiled.params if p.kind == "tensor" and p.name not in read]
+    if unused:
+        warnings.warn(
+            f"{context}: the replacement ignores {', '.join(repr(u) for u in unused)}, which the pattern binds "
+            f"to a tensor; the rewrite then drops that tensor's effect on broadcasting, dtype and nan/inf. "
+            f"If that is intended, restrict the rule with a where= guard or a declared domain.",
+            RuleWarning, stacklevel=4,
+        )
+
+
+def _names_read(fn: Callable[..., Any]) -> set[str] | None:
+    """Local names a function reads (its own body and the closures it creates), or ``None``
+    when that cannot be known (``**kwargs``, no bytecode)."""
+    code = getattr(inspect.unwrap(fn), "__code__", None)
+    if code is None or code.co_flags & inspect.CO_VARKEYWORDS:
+        return None
+    names = set(code.co_cellvars)
+    for instruction in dis.get_instructions(code):
+        if instruction.opname in ("LOAD_FAST", "LOAD_DEREF", "LOAD_CLOSURE", "LOAD_FAST_CHECK",
+                                  "LOAD_FAST_AND_CLEAR", "LOAD_FAST_LOAD_FAST"):
+            argval = instruction.argval
+            names.update(argval if isinstance(argval, tuple) else (argval,))
+    return names
 
 
 class RuleBuilder:

@@ -24,6 +24,7 @@ PUBLIC = [
     "RuleSet",
     "RuleStats",
     "RuleSyntaxError",
+    "RuleWarning",
     "TargetError",
     "TensorView",
     "__version__",

@@ -59,6 +59,7 @@ def test_failure_after_earlier_rewrites_in_place_keeps_them_and_says_so():
     torch.testing.assert_close(gm(x), x + x * 2)  # consistent code: recompiled after the rollback
 
 
+@pytest.mark.filterwarnings("ignore::fxrewrite.RuleWarning")
 def test_failing_rewrite_never_touches_the_callers_module():
     gm = traced()
     before = snapshot(gm)
@@ -79,6 +80,7 @@ def test_replacement_returning_wrong_number_of_values_is_an_error():
     assert snapshot(gm) == before
 
 
+@pytest.mark.filterwarnings("ignore::fxrewrite.RuleWarning")
 def test_replacement_returning_a_non_tensor_is_an_error():
     gm = traced()
     before = snapshot(gm)
@@ -87,6 +89,7 @@ def test_replacement_returning_a_non_tensor_is_an_error():
     assert snapshot(gm) == before
 
 
+@pytest.mark.filterwarnings("ignore::fxrewrite.RuleWarning")
 def test_replacement_returning_a_tensor_constant_becomes_a_buffer():
     gm = fx.symbolic_trace(lambda a: torch.neg(torch.neg(torch.zeros(2) * a)))
     result = rewrite(gm, neg_neg(lambda x: torch.ones(2)))

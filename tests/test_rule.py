@@ -214,3 +214,29 @@ def test_error_types_are_importable_from_the_package_and_subclass_builtins():
     for name in ("RuleDefinitionError", "RuleSyntaxError", "RuleLoadError", "RewriteError", "DidNotConverge",
                  "MetadataError", "NotEquivalent"):
         assert issubclass(getattr(fxrewrite, name), fxrewrite.FxRewriteError)
+
+
+def test_replacement_ignoring_a_bound_tensor_warns_with_origin():
+    def pattern(x, y):
+        return x + y * 0
+
+    with pytest.warns(fxrewrite.RuleWarning, match=r"rule 'pattern' \(.*test_rule.py:\d+\): the replacement ignores 'y'"):
+        Rule.from_functions(pattern, lambda x, y: x)
+
+
+def test_replacement_reading_every_tensor_does_not_warn(recwarn):
+    Rule.from_functions(lambda x, y: x + y * 0, lambda x, y: x + torch.zeros_like(y))
+    assert not [w for w in recwarn if issubclass(w.category, fxrewrite.RuleWarning)]
+
+
+@pytest.mark.parametrize("pattern, problem", [
+    (lambda x: x.relu_(), "in-place method '.relu_()'"),
+    (lambda x, y: torch.add(x, y, out=x), "out= argument"),
+    (lambda x: torch.nn.functional.relu(x, inplace=True), "inplace=True"),
+    (lambda x: torch.relu_(x), "in-place function relu_"),
+    (lambda x: torch.ops.aten.relu_.default(x), "mutating op aten.relu_.default"),
+])
+def test_impure_patterns_are_refused(pattern, problem):
+    with pytest.raises(RuleDefinitionError, match="patterns must be pure computations") as info:
+        Rule.from_functions(pattern, lambda **kw: None)
+    assert problem in str(info.value)
