@@ -1,6 +1,7 @@
 """The ``fxrewrite`` command line: wiring only, the work is done by the library.
 
     fxrewrite apply TARGET [--rules PATH ...] [-o OUT] [--check] [--diff] [--export]
+    fxrewrite explain TARGET [--rules PATH ...] [--rule NAME ...] [--misses N] [--shapes] [--export]
     fxrewrite list [PATHS ...]
 
 Exit status: 0 on success, 1 when ``--check`` finds a difference, 2 on an error (the message
@@ -116,6 +117,22 @@ def cmd_list(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def cmd_explain(args: argparse.Namespace, out: TextIO) -> int:
+    from .explain import explain
+
+    target = load_target(args.target)
+    rules = _load_rules(args.rules)
+    if args.rule:
+        missing = [name for name in args.rule if name not in rules]
+        if missing:
+            raise TargetError(f"no rule named {', '.join(missing)} in the loaded rules; see `fxrewrite list`.")
+        rules = RuleSet(tuple(rules[name] for name in args.rule))
+    gm = _graph_module(target, args.export)
+    print(explain(rules, gm, example_inputs=target.example_inputs if args.shapes else None, misses=args.misses),
+          file=out)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fxrewrite", description="Pattern-rewriting rules for PyTorch programs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -130,6 +147,16 @@ def build_parser() -> argparse.ArgumentParser:
     apply.add_argument("--show-code", action="store_true", help="print the rewritten code with provenance comments")
     apply.add_argument("--export", action="store_true", help="capture the model with torch.export instead of tracing")
     apply.set_defaults(run=cmd_apply)
+
+    explain = sub.add_parser("explain", help="say where each rule matches and why it does not elsewhere")
+    explain.add_argument("target", help="path/to/file.py:NAME or package.module:NAME")
+    explain.add_argument("--rules", action="append", metavar="PATH", help="rule file or directory (repeatable)")
+    explain.add_argument("--rule", action="append", metavar="NAME", help="explain only this rule (repeatable)")
+    explain.add_argument("--misses", type=int, default=3, help="closest misses to show per rule (default 3)")
+    explain.add_argument("--shapes", action="store_true",
+                         help="propagate shapes from example_inputs() so guards can read them")
+    explain.add_argument("--export", action="store_true", help="capture the model with torch.export")
+    explain.set_defaults(run=cmd_explain)
 
     listing = sub.add_parser("list", help="list rules with their origin, priority and doc")
     listing.add_argument("paths", nargs="*", metavar="PATH", help="rule files or directories (default: shipped)")
