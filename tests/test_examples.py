@@ -51,3 +51,16 @@ def test_conv_bn_folding_is_refused_in_training_mode():
     model = example.trained_model().train()
     result = example.fxrewrite.rewrite(model, example.conv_bn)
     assert result.report.applied["conv_bn"] == 0 and result.report.rejected["conv_bn"] == 5
+
+
+def test_conv_bn_folding_leaves_the_callers_model_intact():
+    example = load("02_conv_bn_folding.py")
+    model = example.trained_model(seed=2)
+    before = ([name for name, _ in model.named_modules()], {k: v.clone() for k, v in model.state_dict().items()})
+    x = torch.randn(1, 3, 8, 8)
+    expected = model(x)
+    example.fxrewrite.rewrite(model, example.conv_bn)
+    assert [name for name, _ in model.named_modules()] == before[0]
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, before[1][k])
+    torch.testing.assert_close(model(x), expected)
