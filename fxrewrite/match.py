@@ -254,6 +254,8 @@ class _Search:
         elif isinstance(gv, Node):
             ok = param.kind == "tensor" and not (self.options.injective and gv in self.used)
             reason = f"'{param.name}' is a {param.kind} capture and cannot bind node '{gv.name}'"
+            if ok and not self.options.variables_bind_literals and _known_non_tensor(gv):
+                ok, reason = False, f"'{param.name}' is a tensor variable; node '{gv.name}' computes a Python value"
         else:
             ok = param.accepts_literal(gv) or (param.kind == "tensor" and self.options.variables_bind_literals)
             reason = f"'{param.name}' cannot bind the constant {gv!r} (annotate it, e.g. '{param.name}: float')"
@@ -462,6 +464,16 @@ def _by_schema(schema: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) ->
         else:
             values.append(argument.default_value)
     return tuple(values)
+
+
+def _known_non_tensor(node: Node) -> bool:
+    """True when the node's metadata says it computes something other than a tensor (a
+    symbolic int such as ``x.size(0)``, a tuple, ...)."""
+    val = node.meta.get("val", None)
+    if val is None:
+        meta = node.meta.get("tensor_meta", None)
+        return False if meta is None else not hasattr(meta, "shape")
+    return not isinstance(val, torch.Tensor)
 
 
 def _attribute(node: Node) -> Any:

@@ -429,3 +429,15 @@ def test_operator_and_torch_function_spellings_are_one_op():
     result = rewrite(lambda a, b: operator.sub(a, b) * torch.subtract(b, a), r)
     assert result.report.applied["sub"] == 2
     assert_rewritten(lambda a, b: (a - b) * (b - a), result, torch.randn(3), torch.randn(3))
+
+
+def test_tensor_variable_does_not_bind_a_python_int_node_when_metadata_says_so():
+    plus = rule(lambda x, y: x + y, lambda x, y: torch.sub(x, -y), name="plus")
+
+    def f(a):
+        n = a.size(0) + a.size(1)  # int arithmetic on symbolic sizes: not a tensor add
+        return a.reshape(n) if False else a * n
+
+    result = rewrite(f, plus, example_inputs=(torch.randn(2, 3),))
+    assert result.report.applied["plus"] == 0
+    assert_rewritten(f, result, torch.randn(2, 3))
