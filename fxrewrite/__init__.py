@@ -31,6 +31,7 @@ from .errors import (
     TargetError,
 )
 from .explain import Explanation, explain, find_matches
+from .loader import load_rules, parse_rules
 from .match import Match, TensorView
 from .rewrite import Report, RewriteResult, RuleStats, rewrite
 from .rule import Rule, RuleSet, rule
@@ -57,6 +58,8 @@ __all__ = [
     "__version__",
     "explain",
     "find_matches",
+    "load_rules",
+    "parse_rules",
     "replace_pattern",
     "replace_pattern_with_filters",
     "rewrite",

@@ -44,7 +44,14 @@ class RuleDefinitionError(FxRewriteError, ValueError):
 
 
 class RuleSyntaxError(FxRewriteError, SyntaxError):
-    """A rule file written in the fxrewrite DSL does not parse."""
+    """A rule file written in the fxrewrite DSL does not parse.
+
+    The message already shows ``file:line:column``, the line and a caret; ``str()`` does not
+    append Python's ``(file, line N)`` again.
+    """
+
+    def __str__(self) -> str:
+        return str(self.msg)
 
 
 class RuleLoadError(FxRewriteError, ImportError):

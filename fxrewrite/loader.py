@@ -11,8 +11,8 @@ directory, in a deterministic order.
 A ``.fxr`` file is data: loading it runs no code from it (see docs/dsl.md, "Trust model"). A
 ``.py`` rule file is code, like a ``conftest.py``: it is imported, so it runs. It contributes
 every :class:`~fxrewrite.rule.Rule` and :class:`~fxrewrite.rule.RuleSet` bound at module level
-(in definition order, rule sets flattened, the same object once), and a rule ``NAME`` for every
-pair of module-level functions ``NAME_pattern`` / ``NAME_replacement``.
+(in definition order, rule sets flattened, each rule once), and a rule ``NAME`` for every pair
+of module-level functions ``NAME_pattern`` / ``NAME_replacement`` defined in the file.
 """
 
 from __future__ import annotations
@@ -111,13 +111,14 @@ def _load_file(path: Path, names: Mapping[str, Any] | None) -> Iterable[Rule]:
 
 
 def _unique(groups: Iterable[Iterable[Rule]]) -> list[Rule]:
-    """Concatenate, keeping each rule object once; two different rules with one name are an error
-    naming both places."""
+    """Concatenate, keeping each rule once: the same object, or the same definition (name and
+    origin: a rule module imported by another rule file runs twice). Two different rules with
+    one name are an error naming both places."""
     rules: list[Rule] = []
     seen_ids: set[int] = set()
     by_name: dict[str, Rule] = {}
     for rule in (r for group in groups for r in group):
-        if id(rule) in seen_ids:
+        if id(rule) in seen_ids or (rule.name in by_name and by_name[rule.name].origin == rule.origin):
             continue
         if rule.name in by_name:
             raise RuleDefinitionError(

@@ -85,6 +85,10 @@ class Pattern:
         return tuple(p for p in self.params if p.kind == "module")
 
 
+class _CaptureMisuse(RuleDefinitionError):
+    """A module capture used other than by calling it; gets the rule's name and origin added."""
+
+
 class _ModuleCaptureStub:
     """Stands for a module-capture parameter while a pattern is traced: calling it records a
     ``call_module`` node whose target is the parameter's name."""
@@ -98,7 +102,7 @@ class _ModuleCaptureStub:
 
     def __getattr__(self, attr: str) -> Any:
         name = self._param.name
-        raise RuleDefinitionError(
+        raise _CaptureMisuse(
             f"pattern reads '{name}.{attr}', but a module capture can only be called in a pattern "
             f"('{name}(x)'); read its attributes in the replacement or in a where= guard instead."
         )
@@ -131,8 +135,10 @@ def trace_pattern(fn: Callable[..., Any], *, rule_name: str, origin: str) -> Pat
     params = signature_params(fn, where=where, role="pattern")
     try:
         graph = _PatternTracer(params).trace(fn)
-    except RuleDefinitionError as exc:
+    except _CaptureMisuse as exc:
         raise RuleDefinitionError(f"{where}: {exc}") from None
+    except RuleDefinitionError:
+        raise  # already says where (e.g. raised by a DSL pattern with its file:line)
     except Exception as exc:  # torch.fx raises TraceError, TypeError, NameError, RuntimeError ...
         raise RuleDefinitionError(_untraceable_message(where, exc)) from exc
     return pattern_from_graph(graph, params, where=where)

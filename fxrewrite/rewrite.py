@@ -271,21 +271,18 @@ class _Driver:
         for rule in self.by_level[level].get(op_key_of(node.op, node.target), ()):
             tally = self.tallies[rule.name]
             tally.attempts += 1
+            refusal = None
             for match in match_at(rule.compiled, node, self.gm, modules=self.modules):
                 if insertion_point(match) is None:
                     continue  # multi-output match whose outputs are used before its inputs exist
-                if self._guards_pass(rule, match, tally):
+                refusal = rule.refusal(match)
+                if refusal is None:
                     self._apply(rule, match, tally)
                     return
-
-    def _guards_pass(self, rule: Rule, match: Match, tally: _Tally) -> bool:
-        refusal = rule.refusal(match)
-        if refusal is None:
-            return True
-        tally.rejected += 1
-        if len(tally.reasons) < _MAX_REASONS:
-            tally.reasons.append(f"at '{match.anchor.name}': {refusal}")
-        return False
+            if refusal is not None:  # every match at this node was refused by a guard: count it once
+                tally.rejected += 1
+                if len(tally.reasons) < _MAX_REASONS:
+                    tally.reasons.append(f"at '{node.name}': {refusal}")
 
     def _apply(self, rule: Rule, match: Match, tally: _Tally) -> None:
         if self.rewrites >= self.budget:

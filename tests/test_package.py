@@ -30,6 +30,8 @@ PUBLIC = [
     "__version__",
     "explain",
     "find_matches",
+    "load_rules",
+    "parse_rules",
     "replace_pattern",
     "replace_pattern_with_filters",
     "rewrite",

@@ -121,7 +121,7 @@ def _runtime_error(src: ast.SourceText, span: ast.Span, message: str) -> RuleDef
 # ---- scope ---------------------------------------------------------------------------------------
 
 
-@attrs.frozen
+@attrs.frozen(eq=False)
 class _Root:
     """A name in scope: its value, whether it came from the caller (trusted), how to show it."""
 
@@ -131,9 +131,12 @@ class _Root:
 
 
 class _PathError(Exception):
-    def __init__(self, index: int, message: str) -> None:
+    """A dotted path cannot be followed: step ``index`` is refused, or missing (``missing``)."""
+
+    def __init__(self, index: int, message: str, *, missing: bool = False) -> None:
         super().__init__(message)
         self.index = index
+        self.missing = missing
 
 
 _DEFERRED = object()
@@ -182,8 +185,10 @@ class Scope:
                     and value.name not in _BUILTIN_OP_NAMESPACES):
                 try:
                     value = _step(value, attr, path[:i], root.trusted, i)
-                except _PathError:
-                    return _DEFERRED
+                except _PathError as exc:
+                    if exc.missing:
+                        return _DEFERRED
+                    raise
                 continue
             value = _step(value, attr, path[:i], root.trusted, i)
         return value
@@ -233,7 +238,7 @@ def _step(value: Any, attr: str, prefix: Sequence[str], trusted: bool, index: in
     try:
         result = getattr(value, attr)
     except Exception:
-        raise _PathError(index, _missing(value, attr, dotted, prefix)) from None
+        raise _PathError(index, _missing(value, attr, dotted, prefix), missing=True) from None
     if not trusted and not _reachable(result):
         raise _PathError(index, _out_of_bounds(dotted))
     return result
@@ -283,7 +288,7 @@ def _check_new_name(src: ast.SourceText, span: ast.Span, name: str, *, what: str
         problem = f"'{name}' is a word of the language and cannot be {what}"
     elif name.startswith("_"):
         problem = f"'{name}' starts with '_'; such names are reserved (a lone '_' is the wildcard)"
-    elif keyword.iskeyword(name) or name in _TEMPLATE_NAMES:
+    elif keyword.iskeyword(name):
         problem = f"'{name}' is a Python keyword and cannot be {what}"
     elif scope is not None and name in scope:
         problem = f"'{name}' is already a name in scope ({scope.roots[name].spelled}); choose another name"
@@ -366,6 +371,7 @@ def compile_rule(rule: ast.RuleDef, src: ast.SourceText, scope: Scope) -> Rule:
     """One rule of a file: compile its pattern, replacement and conditions, then build the
     :class:`Rule` with :meth:`Rule.from_functions` (which traces the pattern)."""
     ctx = _RuleContext(rule, src, scope)
+    _check_result_counts(ctx)
     pattern = _Compiler(ctx, "pattern")
     pattern_body = pattern.compile(rule.rewrite.pattern)
     params = tuple(pattern.variables)
@@ -385,6 +391,20 @@ def compile_rule(rule: ast.RuleDef, src: ast.SourceText, scope: Scope) -> Rule:
         doc=rule.doc,
         origin=origin,
     )
+
+
+def _check_result_counts(ctx: _RuleContext) -> None:
+    """A tuple of patterns needs as many replacements (when the replacement is written as a
+    tuple too; a call may return a tuple, which only the rewrite can check)."""
+    pattern, replacement = ctx.rule.rewrite.pattern, ctx.rule.rewrite.replacement
+    sequences = (ast.TupleExpr, ast.ListExpr)
+    n_pattern = len(pattern.elts) if isinstance(pattern, sequences) else 1
+    if isinstance(replacement, sequences) and len(replacement.elts) != n_pattern:
+        raise ctx.error(replacement.span, f"the pattern has {n_pattern} result(s) but the replacement has "
+                                          f"{len(replacement.elts)}; give one replacement per pattern result, "
+                                          f"in the same order.")
+    if isinstance(pattern, sequences) and not pattern.elts:
+        raise ctx.error(pattern.span, "the pattern is an empty tuple; a pattern computes at least one result.")
 
 
 def _check_lets_used(ctx: _RuleContext, *compilers: _Compiler) -> None:
@@ -594,6 +614,8 @@ class _Compiler:
         if not isinstance(node.value, ast.Name) or node.value.id in self.ctx.lets:
             return
         name, attr, kind = node.value.id, node.attr, self.ctx.kind(node.value.id)
+        if not name[0].islower() or name in RESERVED_WORDS or keyword.iskeyword(name):
+            return  # not a variable at all: compiling the name says so
         if kind == "tensor" and self.side == "where" and attr not in _TENSOR_VIEW_ATTRIBUTES:
             raise self.ctx.error(node.attr_span, f"a where condition sees tensor '{name}' through its shape, dtype "
                                                  f"and device: use one of {', '.join(sorted(_TENSOR_VIEW_ATTRIBUTES))}, "

@@ -40,8 +40,8 @@ __all__ = ["MAX_DEPTH", "parse", "syntax_error"]
 #: How deeply expressions may nest (brackets, operators, calls); deeper text is refused.
 MAX_DEPTH = 100
 
-_OPEN = {"LPAR": "(", "LSQB": "["}
-_CLOSE = {"RPAR", "RSQB"}
+_OPEN = frozenset({"LPAR", "LSQB"})
+_CLOSE = frozenset({"RPAR", "RSQB"})
 
 
 def parse(text: str, *, source: str = "<string>") -> ast.RuleFile:
@@ -215,13 +215,18 @@ def _sentence(src: ast.SourceText, token: Token, expected: set[str]) -> str:
     if len(expected) > 1:
         expected = expected - {"NEWLINE"}  # the postlexer's input, accepted everywhere
     texts = {_terminal_text(n) for n in expected}
-    before = src.text[: token.start_pos].rstrip() if token.start_pos is not None else ""
+    start = token.start_pos if token.start_pos is not None else len(src.text)
+    before = src.text[:start].rstrip()
+    line = src.text[src.text.rfind("\n", 0, start) + 1:start].split()
+    in_where_or_let = bool(line) and line[0] in ("where", "let")
     found = _describe_found(token)
     if str(token) == ">" and before.endswith("-"):
         return "the arrow between a pattern and its replacement is '=>', not '->'."
     if str(token) == ">" and before.endswith("="):
         return "found '=>' inside brackets; is a ')' or ']' missing before it?"
-    if "=>" in texts:
+    if str(token) == "=" and not (line and line[0] == "let" and len(line) == 2):
+        return "found '=', which assigns nothing here: compare with '==' (keyword arguments go inside a call)."
+    if "=>" in texts and not in_where_or_let:
         return f"expected '=>' followed by the replacement, found {found}."
     if ":" in texts and expected <= {"COLON", "STRING", "PRIORITY", "MINUS", "INTEGER"}:
         return f"expected ':' to end the rule header (rule NAME [\"doc\"] [priority N]:), found {found}."
@@ -243,13 +248,23 @@ def _from_lark(src: ast.SourceText, exc: UnexpectedInput) -> RuleSyntaxError:
         token = exc.token
         if token.type == "_NL" and not str(token) or token.type == "$END":
             line, column = _end_of_text(src)
-        sentence = _sentence(src, token, set(exc.expected))
+        sentence = _sentence(src, token, _accepted(exc))
     elif isinstance(exc, UnexpectedCharacters):
         char = src.text[exc.pos_in_stream] if 0 <= exc.pos_in_stream < len(src.text) else ""
         sentence = f"unexpected character {char!r}" + _character_hint(char, set(exc.allowed or ()))
     else:
         sentence = "unexpected end of the file."
     return syntax_error(src, line, column, sentence)
+
+
+def _accepted(exc: UnexpectedToken) -> set[str]:
+    """The terminals the parser would really accept here: lark's ``expected`` can include
+    terminals that only lead to an error a step later (LALR states are shared)."""
+    try:
+        accepted = set(exc.interactive_parser.accepts()) if exc.interactive_parser is not None else set()
+    except Exception:  # the interactive parser is a convenience; fall back to lark's set
+        accepted = set()
+    return accepted or set(exc.expected)
 
 
 def _character_hint(char: str, allowed: set[str]) -> str:

@@ -1,0 +1,227 @@
+"""fxrewrite.loader: rule files and directories of them, in a deterministic order, with origins
+and clear errors."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from fxrewrite import RuleDefinitionError, RuleLoadError, RuleSet, RuleSyntaxError, rewrite
+from fxrewrite import loader
+from fxrewrite.loader import load_rules, parse_rules
+
+DATA = Path(__file__).parent / "dsl" / "data"
+
+NEG = "rule {name}:\n    torch.neg(torch.neg(x)) => x\n"
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+# ---- files and directories -----------------------------------------------------------------------
+
+
+def test_a_fxr_file_gives_its_rules_in_source_order_with_origins():
+    rules = load_rules(DATA / "algebra.fxr")
+    assert isinstance(rules, RuleSet)
+    assert rules.names == ("double_neg", "mul_one", "relu_relu")
+    assert [r.origin for r in rules] == [f"{DATA / 'algebra.fxr'}:{line}" for line in (3, 6, 9)]
+    assert rules["relu_relu"].priority == 1
+
+
+def test_a_str_path_works_too():
+    assert load_rules(str(DATA / "algebra.fxr")).names == ("double_neg", "mul_one", "relu_relu")
+
+
+def test_a_directory_is_loaded_recursively_in_sorted_order():
+    rules = load_rules(DATA)
+    assert rules.names == ("double_neg", "mul_one", "relu_relu",      # algebra.fxr
+                           "softmax_attention",                        # nested/attention.fxr
+                           "sub_self", "exp_log", "silu")              # nested/py_rules.py
+    assert rules["softmax_attention"].origin == f"{DATA / 'nested' / 'attention.fxr'}:3"
+
+
+def test_directory_order_is_by_relative_path_not_by_walk_order(tmp_path):
+    for relative in ["z.fxr", "b/c.fxr", "a.fxr", "b/a/d.fxr", "b.fxr"]:
+        write(tmp_path / relative, NEG.format(name=Path(relative).stem + "_" + str(len(relative))))
+    rules = load_rules(tmp_path)
+    assert [Path(r.origin.rsplit(":", 1)[0]).relative_to(tmp_path).as_posix() for r in rules] == [
+        "a.fxr", "b/a/d.fxr", "b/c.fxr", "b.fxr", "z.fxr"]
+
+
+def test_private_hidden_init_conftest_and_other_files_are_skipped(tmp_path):
+    write(tmp_path / "keep.fxr", NEG.format(name="keep"))
+    write(tmp_path / "_private.fxr", NEG.format(name="private"))
+    write(tmp_path / ".hidden" / "h.fxr", NEG.format(name="hidden"))
+    write(tmp_path / "_helpers" / "h.fxr", NEG.format(name="helpers"))
+    write(tmp_path / "__init__.py", "raise RuntimeError('not a rule file')\n")
+    write(tmp_path / "conftest.py", "raise RuntimeError('not a rule file')\n")
+    write(tmp_path / "notes.txt", "rule nope:\n")
+    write(tmp_path / "__pycache__" / "x.py", "raise RuntimeError\n")
+    assert load_rules(tmp_path).names == ("keep",)
+
+
+def test_names_are_handed_to_every_fxr_file(tmp_path):
+    write(tmp_path / "a.fxr", "rule a:\n    torch.neg(torch.neg(x)) => ident(x)\n")
+    write(tmp_path / "sub" / "b.fxr", "rule b:\n    torch.relu(torch.relu(x)) => ident(torch.relu(x))\n")
+    rules = load_rules(tmp_path, names={"ident": lambda t: t})
+    result = rewrite(lambda a: torch.relu(torch.relu(torch.neg(torch.neg(a)))), rules)
+    assert result.report.applied == {"a": 1, "b": 1}
+
+
+def test_load_rules_without_a_path_loads_the_standard_library(monkeypatch):
+    monkeypatch.setattr(loader, "standard_rules_dir", lambda: DATA / "nested")
+    assert load_rules().names == ("softmax_attention", "sub_self", "exp_log", "silu")
+
+
+def test_standard_library_is_found_in_the_package_then_in_the_checkout(tmp_path):
+    package = tmp_path / "site" / "fxrewrite"
+    (package / "_rules").mkdir(parents=True)
+    assert loader.standard_rules_dir(package) == package / "_rules"
+    checkout = tmp_path / "repo"
+    (checkout / "fxrewrite").mkdir(parents=True)
+    (checkout / "rules").mkdir()
+    (checkout / "pyproject.toml").write_text("")
+    assert loader.standard_rules_dir(checkout / "fxrewrite") == checkout / "rules"
+    (tmp_path / "site" / "rules").mkdir()  # a stray rules/ next to an installed package is not ours
+    with pytest.raises(RuleLoadError, match="the standard rule library is missing"):
+        loader.standard_rules_dir(tmp_path / "site" / "other")
+
+
+def test_parse_rules_is_reexported_from_the_loader():
+    assert parse_rules(NEG.format(name="r")).names == ("r",)
+
+
+# ---- Python rule files ---------------------------------------------------------------------------
+
+
+def test_python_file_gives_rules_rule_sets_and_function_pairs_in_definition_order():
+    rules = load_rules(DATA / "nested" / "py_rules.py")
+    assert rules.names == ("sub_self", "exp_log", "silu")
+    origin_file, line = rules["exp_log"].origin.rsplit(":", 1)
+    source = (DATA / "nested" / "py_rules.py").read_text().splitlines()
+    assert Path(origin_file) == DATA / "nested" / "py_rules.py"
+    assert source[int(line) - 1] == "def exp_log_pattern(x):"
+    x = torch.rand(3) + 0.5
+    result = rewrite(lambda a: torch.exp(torch.log(a)) - torch.sigmoid(a) * a, rules)
+    assert result.report.applied["exp_log"] == 1 and result.report.applied["silu"] == 1
+    torch.testing.assert_close(result.module(x), x - torch.sigmoid(x) * x)
+    result.module.graph.lint()
+
+
+def test_python_file_only_contributes_functions_it_defines(tmp_path):
+    write(tmp_path / "helpers.py", """
+        import torch
+        def imported_pattern(x):
+            return torch.neg(torch.neg(x))
+        def imported_replacement(x):
+            return x
+    """)
+    write(tmp_path / "rules.py", """
+        import torch
+        from helpers import imported_pattern, imported_replacement   # a sibling module
+        def lonely_pattern(x):                                        # no replacement: skipped
+            return torch.relu(torch.relu(x))
+        def own_pattern(x):
+            return torch.relu(torch.relu(x))
+        def own_replacement(x):
+            return torch.relu(x)
+    """)
+    path_before = list(sys.path)
+    rules = load_rules(tmp_path / "rules.py")
+    assert rules.names == ("own",)
+    assert sys.path == path_before
+
+
+def test_python_files_load_under_unique_module_names(tmp_path):
+    write(tmp_path / "a" / "rules.py", "import fxrewrite, torch\nr = fxrewrite.Rule.from_functions("
+                                       "lambda x: torch.neg(torch.neg(x)), lambda x: x, name='a')\n")
+    write(tmp_path / "b" / "rules.py", "import fxrewrite, torch\nr = fxrewrite.Rule.from_functions("
+                                       "lambda x: torch.relu(torch.relu(x)), lambda x: torch.relu(x), name='b')\n")
+    assert load_rules(tmp_path).names == ("a", "b")
+    assert "rules" not in sys.modules or not hasattr(sys.modules["rules"], "r")
+
+
+def test_a_rule_shared_by_two_files_is_loaded_once(tmp_path):
+    write(tmp_path / "a.py", "from b import shared\n")
+    write(tmp_path / "b.py", "import fxrewrite, torch\nshared = fxrewrite.Rule.from_functions("
+                             "lambda x: torch.neg(torch.neg(x)), lambda x: x, name='shared')\n")
+    assert load_rules(tmp_path).names == ("shared",)
+
+
+def test_python_file_that_fails_to_import_is_a_load_error_with_the_cause(tmp_path):
+    bad = write(tmp_path / "bad.py", "import torch\nraise ValueError('boom')\n")
+    with pytest.raises(RuleLoadError) as info:
+        load_rules(bad)
+    assert "bad.py" in str(info.value) and "ValueError: boom" in str(info.value)
+    assert isinstance(info.value.__cause__, ValueError)
+    write(tmp_path / "syntax.py", "def broken(:\n")
+    with pytest.raises(RuleLoadError, match="SyntaxError"):
+        load_rules(tmp_path / "syntax.py")
+
+
+def test_pattern_awaiting_its_replacement_is_reported(tmp_path):
+    write(tmp_path / "half.py", """
+        import torch, fxrewrite
+        @fxrewrite.rule
+        def half(x):
+            return torch.neg(torch.neg(x))
+    """)
+    with pytest.raises(RuleDefinitionError, match="'half' is a pattern awaiting its replacement"):
+        load_rules(tmp_path / "half.py")
+
+
+# ---- errors --------------------------------------------------------------------------------------
+
+
+def test_missing_path(tmp_path):
+    with pytest.raises(RuleLoadError, match="no such rule file or directory"):
+        load_rules(tmp_path / "nope.fxr")
+
+
+def test_directory_without_rule_files(tmp_path):
+    with pytest.raises(RuleLoadError, match="no rule files"):
+        load_rules(tmp_path)
+    write(tmp_path / "readme.md", "# not rules\n")
+    with pytest.raises(RuleLoadError, match=r"no rule files \(\*.fxr, \*.py\) found under"):
+        load_rules(tmp_path)
+
+
+def test_a_file_that_is_not_a_rule_file(tmp_path):
+    with pytest.raises(RuleLoadError, match="is not a rule file"):
+        load_rules(write(tmp_path / "rules.txt", NEG.format(name="r")))
+
+
+def test_unreadable_fxr_file(tmp_path):
+    path = tmp_path / "latin1.fxr"
+    path.write_bytes(b"rule caf\xe9:\n")
+    with pytest.raises(RuleLoadError, match="cannot read rule file"):
+        load_rules(path)
+
+
+def test_duplicate_rule_names_across_files_name_both_places(tmp_path):
+    first = write(tmp_path / "a.fxr", "\n" + NEG.format(name="twice"))
+    second = write(tmp_path / "sub" / "b.fxr", "\n\n" + NEG.format(name="twice"))
+    with pytest.raises(RuleDefinitionError) as info:
+        load_rules(tmp_path)
+    assert f"{first}:2" in str(info.value) and f"{second}:3" in str(info.value)
+
+
+def test_duplicate_rule_names_in_one_file_name_both_lines(tmp_path):
+    path = write(tmp_path / "a.fxr", NEG.format(name="twice") + NEG.format(name="twice"))
+    with pytest.raises(RuleDefinitionError, match=r"rule 'twice' is defined twice: at .*a.fxr:1 and at .*a.fxr:3"):
+        load_rules(path)
+
+
+def test_syntax_errors_name_the_file(tmp_path):
+    path = write(tmp_path / "broken.fxr", "rule r:\n    torch.neg(x) x\n")
+    with pytest.raises(RuleSyntaxError) as info:
+        load_rules(tmp_path)
+    assert info.value.filename == str(path) and info.value.lineno == 2
