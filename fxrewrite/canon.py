@@ -41,6 +41,7 @@ __all__ = [
     "ALIASES",
     "COMMUTATIVE",
     "FUNCTIONALS",
+    "IGNORED_ARGUMENTS",
     "OPERATORS",
     "aten_overload",
     "canonical_arguments",
@@ -74,6 +75,14 @@ COMMUTATIVE: frozenset[str] = frozenset({
     "add", "mul", "maximum", "minimum", "eq", "ne", "logical_and", "logical_or", "logical_xor",
     "bitwise_and", "bitwise_or", "bitwise_xor",
 })
+
+#: Arguments that select an implementation, not a result: ignored when comparing calls.
+IGNORED_ARGUMENTS: Mapping[str, frozenset[str]] = {
+    "layer_norm": frozenset({"cudnn_enable"}),
+    "batch_norm": frozenset({"cudnn_enabled"}),
+    "group_norm": frozenset({"cudnn_enabled"}),
+    "instance_norm": frozenset({"cudnn_enabled"}),
+}
 
 _TORCH_MODULES = ("torch", "torch._C._nn", "torch._C._special", "torch._C._linalg", "torch._C._fft",
                   "torch._C._VariableFunctions")
@@ -187,10 +196,14 @@ def op_key_of(op: str, target: Any, canonical: bool = True) -> Hashable:
 # -- arguments ------------------------------------------------------------------------------
 
 def canonical_arguments(op: str, target: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The call's arguments named by the ATen schema of its op, defaults filled in; ``None``
+    """The call's arguments named by the ATen schema of its op, defaults filled in, without
+    the arguments that only select an implementation (:data:`IGNORED_ARGUMENTS`); ``None``
     when the call cannot be put in that form (no ATen op, or no overload accepts it)."""
     found = aten_overload(op, target, args, kwargs)
-    return None if found is None else found[1]
+    if found is None:
+        return None
+    ignored = IGNORED_ARGUMENTS.get(canonical_name(op, target) or "", frozenset())
+    return {k: v for k, v in found[1].items() if k not in ignored}
 
 
 def aten_overload(op: str, target: Any, args: tuple[Any, ...],
@@ -201,13 +214,22 @@ def aten_overload(op: str, target: Any, args: tuple[Any, ...],
         return _custom_op(target, args, kwargs)
     if op == "call_function" and target in FUNCTIONALS:
         return _functional(target, name, args, kwargs)
-    if op == "call_method" and name in _VARARG_METHODS and len(args) >= 2 and isinstance(args[1], (int, Node)) \
-            and not isinstance(args[1], bool):
+    if op == "call_method" and name in _VARARG_METHODS and _varargs(args):
         args = (args[0], list(args[1:]))
     if isinstance(target, torch._ops.OpOverload):
         bound = _bind(target._schema, args, kwargs)
         return None if bound is None else (target, bound)
     return _resolve(getattr(torch.ops.aten, name), args, kwargs)
+
+
+def _varargs(args: tuple[Any, ...]) -> bool:
+    """``x.view(2, -1)`` or ``x.view(n)`` with an int, not ``x.view(shape)`` with one node
+    (which may hold a whole ``torch.Size``)."""
+    if len(args) < 2 or isinstance(args[1], bool):
+        return False
+    if len(args) == 2:
+        return isinstance(args[1], int)
+    return all(isinstance(a, (int, Node)) and not isinstance(a, bool) for a in args[1:])
 
 
 def _custom_op(target: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
@@ -239,16 +261,19 @@ def _ordered_overloads(packet: torch._ops.OpOverloadPacket) -> list[torch._ops.O
 
 
 def _resolve(packet: torch._ops.OpOverloadPacket, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
-    for overload in _ordered_overloads(packet):
-        if overload._schema.is_mutable:
-            continue
-        bound = _bind(overload._schema, args, kwargs)
-        if bound is not None:
-            return overload, bound
+    """The first overload that accepts the call. Python numbers first try overloads that take
+    them as Scalars (``pow.Tensor_Scalar``), as PyTorch's own argument parser does; only then
+    overloads that take a number as a Tensor (``mul.Tensor(x, 0.5)``, as torch.export writes)."""
+    overloads = [o for o in _ordered_overloads(packet) if not o._schema.is_mutable]
+    for strict in (True, False):
+        for overload in overloads:
+            bound = _bind(overload._schema, args, kwargs, strict)
+            if bound is not None:
+                return overload, bound
     return None
 
 
-def _bind(schema: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
+def _bind(schema: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], strict: bool = False) -> dict[str, Any] | None:
     positional = [a for a in schema.arguments if not a.kwarg_only]
     if len(args) > len(positional):
         return None
@@ -268,7 +293,7 @@ def _bind(schema: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict
         else:
             return None
         type_name = str(argument.type)
-        if not _accepts(type_name, value):
+        if not _accepts(type_name, value) or (strict and _number_as_tensor(type_name, value)):
             return None
         bound[argument.name] = _normalise(type_name, value)
     return bound
@@ -303,6 +328,16 @@ def _accepts(type_name: str, value: Any) -> bool:
     if isinstance(value, (torch.device, torch.layout, torch.memory_format)):
         return any(t in type_name for t in ("Device", "Layout", "MemoryFormat", "int"))
     return False
+
+
+def _number_as_tensor(type_name: str, value: Any) -> bool:
+    """A Python number passed as a Tensor, or a graph value passed as a number: what the strict
+    pass of :func:`_resolve` refuses, so ``x * 2.0`` resolves to ``mul.Scalar``, not to
+    ``mul.Tensor`` (number as tensor) or ``mul.default`` (tensor as number)."""
+    tensor_type = type_name in ("Tensor", "Optional[Tensor]")
+    if isinstance(value, Node):
+        return not tensor_type
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and tensor_type
 
 
 def _normalise(type_name: str, value: Any) -> Any:

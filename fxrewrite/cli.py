@@ -19,7 +19,7 @@ import torch
 import torch.fx as fx
 
 from .codegen import annotated_code, code_diff, write_module
-from .errors import FxRewriteError, TargetError
+from .errors import FxRewriteError, MetadataError, RewriteError, TargetError
 from .rule import RuleSet
 from .target import Target, load_target
 
@@ -128,8 +128,15 @@ def cmd_explain(args: argparse.Namespace, out: TextIO) -> int:
             raise TargetError(f"no rule named {', '.join(missing)} in the loaded rules; see `fxrewrite list`.")
         rules = RuleSet(tuple(rules[name] for name in args.rule))
     gm = _graph_module(target, args.export)
-    print(explain(rules, gm, example_inputs=target.example_inputs if args.shapes else None, misses=args.misses),
-          file=out)
+    try:
+        explanation = explain(rules, gm, example_inputs=target.example_inputs if args.shapes else None,
+                              misses=args.misses)
+    except RewriteError as exc:
+        if isinstance(exc.__cause__, MetadataError) and not args.shapes:
+            raise TargetError(f"{exc}\nOn the command line: add --shapes (shapes come from example_inputs() "
+                              f"next to the target) or --export.") from exc
+        raise
+    print(explanation, file=out)
     return 0
 
 

@@ -98,6 +98,13 @@ def _graph_module(target: Any, example_inputs: Sequence[Any] | None) -> fx.Graph
     return gm
 
 
+def _index(gm: fx.GraphModule) -> Any:
+    def nodes_with_key(key: Any) -> list[Node]:
+        return [n for n in gm.graph.nodes if op_key_of(n.op, n.target) == key]
+
+    return nodes_with_key
+
+
 def _candidates(gm: fx.GraphModule, rule: Rule) -> list[Node]:
     return [n for n in gm.graph.nodes if op_key_of(n.op, n.target) == rule.anchor_key]
 
@@ -110,7 +117,7 @@ def find_matches(rules: RulesLike, target: Any, *,
     modules = dict(gm.named_modules())
     for rule in as_ruleset(rules):
         for node in _candidates(gm, rule):
-            for match in match_at(rule.compiled, node, gm, modules=modules):
+            for match in match_at(rule.compiled, node, gm, modules=modules, candidates=_index(gm)):
                 if rule.refusal(match) is None:
                     yield rule, match
                     break
@@ -131,7 +138,8 @@ def _explain_rule(rule: Rule, gm: fx.GraphModule, modules: dict[str, torch.nn.Mo
     for node in candidates:
         rejections: list[Rejection] = []
         matched = False
-        for match in match_at(rule.compiled, node, gm, modules=modules, on_reject=rejections.append):
+        for match in match_at(rule.compiled, node, gm, modules=modules, on_reject=rejections.append,
+                              candidates=_index(gm)):
             refusal = rule.refusal(match)
             if refusal is None:
                 matches.append(node.name)
@@ -150,7 +158,9 @@ def _explain_rule(rule: Rule, gm: fx.GraphModule, modules: dict[str, torch.nn.Mo
 def _miss(node: Node, rejection: Rejection, rule: Rule) -> Miss:
     complete = rejection.progress >= len(rule.compiled.inner_nodes) + len(rule.compiled.params)
     progress = _FULL if complete else rejection.progress
-    return Miss(node.name, _short(node), rejection.pattern_node.name, rejection.reason, progress)
+    where = rejection.pattern_node
+    pattern_node = where.name if isinstance(where, Node) else f"the constant {where!r}"
+    return Miss(node.name, _short(node), pattern_node, rejection.reason, progress)
 
 
 def _short(node: Node) -> str:

@@ -139,9 +139,10 @@ def rewrite(
 ) -> RewriteResult:
     """Rewrite ``target`` with ``rules`` to a fixed point.
 
-    ``target`` is an ``nn.Module`` or a function (traced with ``torch.fx.symbolic_trace``) or a
-    ``GraphModule`` (copied unless ``inplace=True``); the caller's module is never modified
-    unless ``inplace=True``. ``max_rewrites`` bounds the number of rewrites (default: eight per
+    ``target`` is an ``nn.Module`` or a function (traced with ``torch.fx.symbolic_trace``), a
+    ``GraphModule`` (copied unless ``inplace=True``) or a ``torch.export.ExportedProgram`` (its
+    ``.module()`` is rewritten; re-export the result to get a program back); the caller's
+    module is never modified unless ``inplace=True``. ``max_rewrites`` bounds the number of rewrites (default: eight per
     graph node, plus 64). ``example_inputs`` lets guards read shapes and dtypes of a graph that
     carries no metadata (fake tensors are propagated through the graph, see :mod:`fxrewrite.meta`). ``debug`` (or the environment
     variable ``FXREWRITE_DEBUG=1``) lints the graph after every rewrite and names the rule after
@@ -174,6 +175,13 @@ def rewrite(
 def to_graph_module(target: Any, *, inplace: bool = False) -> fx.GraphModule:
     """The ``GraphModule`` to rewrite: ``target`` itself (``inplace=True``), a copy of it, or
     ``target`` traced with ``torch.fx.symbolic_trace``."""
+    if isinstance(target, torch.export.ExportedProgram):
+        if inplace:
+            raise RewriteError(
+                "inplace=True cannot rewrite an ExportedProgram (its graph signature would go stale); rewrite "
+                "it without inplace and re-export the result if you need an ExportedProgram again."
+            )
+        return target.module()
     if isinstance(target, fx.GraphModule):
         return target if inplace else _copy_graph_module(target)
     if inplace:
@@ -272,7 +280,7 @@ class _Driver:
             tally = self.tallies[rule.name]
             tally.attempts += 1
             refusal = None
-            for match in match_at(rule.compiled, node, self.gm, modules=self.modules):
+            for match in match_at(rule.compiled, node, self.gm, modules=self.modules, candidates=self._nodes_with_key):
                 if insertion_point(match) is None:
                     continue  # multi-output match whose outputs are used before its inputs exist
                 refusal = rule.refusal(match)
@@ -283,6 +291,11 @@ class _Driver:
                 tally.rejected += 1
                 if len(tally.reasons) < _MAX_REASONS:
                     tally.reasons.append(f"at '{node.name}': {refusal}")
+
+    def _nodes_with_key(self, key: Hashable) -> list[Node]:
+        """Nodes computing ``key``, for patterns whose outputs share no node (a full scan: such
+        patterns cost a pass over the graph per anchor candidate)."""
+        return [n for n in self.graph.nodes if op_key_of(n.op, n.target) == key]
 
     def _apply(self, rule: Rule, match: Match, tally: _Tally) -> None:
         if self.rewrites >= self.budget:

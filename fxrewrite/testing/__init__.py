@@ -9,19 +9,25 @@
 (False, tensor(0.))
 
 * :func:`check_rule` / :func:`assert_rule_equivalent`: is a rule's replacement equivalent to
-  its pattern? A counterexample is shrunk and reported in full.
+  its pattern? Counterexamples are shrunk and reported in full.
 * :func:`inputs_for`, :func:`tensors`, :func:`tensor_shapes`, :func:`elements`: the strategies.
 * :func:`assert_equivalent`, :func:`compare` (from :mod:`fxrewrite.verify`): whole programs.
-* the pytest plugin (``pytest rules/``) and ``fxrewrite check`` build on :func:`check_rule`.
+* the pytest plugin (``pytest rules/``, :mod:`fxrewrite.testing.plugin`) and ``fxrewrite
+  check`` (:mod:`fxrewrite.testing.check_cli`) build on :func:`check_rule`.
 
-Importing this package imports Hypothesis; ``import fxrewrite`` does not.
+The names are imported on first use, so that loading the pytest plugin (a submodule) does
+not import Hypothesis; ``import fxrewrite`` never does.
 """
 
 from __future__ import annotations
 
-from ..verify import assert_equivalent, compare, format_value
-from .equivalence import CheckResult, Counterexample, Tolerance, assert_rule_equivalent, check_rule, evaluate
-from .strategies import DEFAULT_DTYPES, DOMAIN_KEYS, Domain, elements, inputs_for, tensor_shapes, tensors
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..verify import assert_equivalent, compare, format_value
+    from .equivalence import CheckResult, Counterexample, Tolerance, assert_rule_equivalent, check_rule, evaluate
+    from .strategies import DEFAULT_DTYPES, DOMAIN_KEYS, Domain, elements, inputs_for, tensor_shapes, tensors
 
 __all__ = [
     "DEFAULT_DTYPES",
@@ -41,3 +47,24 @@ __all__ = [
     "tensor_shapes",
     "tensors",
 ]
+
+_HOME = {
+    **dict.fromkeys(("assert_equivalent", "compare", "format_value"), "fxrewrite.verify"),
+    **dict.fromkeys(("CheckResult", "Counterexample", "Tolerance", "assert_rule_equivalent", "check_rule", "evaluate"),
+                    "fxrewrite.testing.equivalence"),
+    **dict.fromkeys(("DEFAULT_DTYPES", "DOMAIN_KEYS", "Domain", "elements", "inputs_for", "tensor_shapes", "tensors"),
+                    "fxrewrite.testing.strategies"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'fxrewrite.testing' has no attribute '{name}'; it exports {__all__}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -5,7 +5,7 @@ pattern and the replacement eagerly on each, and compares the results with
 :func:`fxrewrite.verify.compare` under the rule's declared tolerance. A *counterexample* is an
 input on which the pattern runs and the replacement raises, returns another shape, dtype or
 values, or leaves its inputs modified differently. Hypothesis shrinks it to a small one, and the
-report shows it in full:
+report shows it in full (one counterexample per kind of difference):
 
 >>> import torch
 >>> from fxrewrite import Rule
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
@@ -41,21 +41,52 @@ from ..rule import Rule
 from ..verify import compare, default_tolerance, format_value
 from .strategies import GuardRaised, InputPlan, call_rule_function, plan_inputs
 
-__all__ = ["CheckResult", "Counterexample", "PatternRaised", "Tolerance", "Verdict", "assert_rule_equivalent",
-           "check_rule", "evaluate"]
+try:
+    from builtins import BaseExceptionGroup  # type: ignore[attr-defined]
+except ImportError:  # Python 3.10: Hypothesis depends on the backport
+    from exceptiongroup import BaseExceptionGroup  # type: ignore[no-redef]
+
+__all__ = [
+    "DEFAULT_EXAMPLES",
+    "CheckResult",
+    "Counterexample",
+    "PatternRaised",
+    "Tolerance",
+    "Verdict",
+    "assert_rule_equivalent",
+    "check_rule",
+    "evaluate",
+]
 
 Verdict = Literal["sound", "unsound", "untestable", "error"]
+Kind = Literal["values", "shape", "dtype", "structure", "raises", "mutation"]
 
 #: Examples drawn per rule unless told otherwise.
 DEFAULT_EXAMPLES = 100
 
 _TOLERANCE_KEYS = ("rtol", "atol")
+_KIND_ORDER: tuple[Kind, ...] = ("values", "shape", "dtype", "structure", "raises", "mutation")
+_HEADLINES: Mapping[Kind, str] = {
+    "values": "the replacement computes different values",
+    "shape": "the replacement returns a different shape",
+    "dtype": "the replacement returns a different dtype",
+    "structure": "the replacement returns a different structure",
+    "raises": "the replacement raises where the pattern does not",
+    "mutation": "the two sides modify their inputs differently",
+}
+
+
+# -- tolerance ----------------------------------------------------------------------------------
 
 
 @attrs.frozen
 class Tolerance:
     """A rule's ``tolerance`` declaration: ``{"rtol": ..., "atol": ...}``; a missing key keeps
-    ``torch.testing.assert_close``'s default for the output's dtype."""
+    ``torch.testing.assert_close``'s default for the output's dtype.
+
+    >>> Tolerance.parse({"atol": 1e-3}, where="rule 'r'").describe(torch.float32)
+    "declared {'atol': 0.001} (for torch.float32: rtol=1.3e-06, atol=0.001)"
+    """
 
     rtol: float | None = None
     atol: float | None = None
@@ -78,9 +109,8 @@ class Tolerance:
         return self.rtol is not None or self.atol is not None
 
     def describe(self, dtype: torch.dtype | None = None) -> str:
-        """One line for reports, with the values in effect for ``dtype``."""
-        if dtype is None:
-            dtype = torch.float32
+        """One line for reports, with the values in effect for ``dtype`` (default float32)."""
+        dtype = torch.float32 if dtype is None else dtype
         default_rtol, default_atol = default_tolerance(dtype)
         rtol = default_rtol if self.rtol is None else self.rtol
         atol = default_atol if self.atol is None else self.atol
@@ -90,6 +120,9 @@ class Tolerance:
             return f"default (as torch.testing.assert_close; for {dtype}: {effective})"
         declared = {k: v for k, v in (("rtol", self.rtol), ("atol", self.atol)) if v is not None}
         return f"declared {declared} (for {dtype}: {effective})"
+
+
+# -- one evaluation -----------------------------------------------------------------------------
 
 
 @attrs.frozen(eq=False)
@@ -103,15 +136,19 @@ class Counterexample:
     replacement_error: BaseException | None = None
 
     @property
-    def headline(self) -> str:
+    def kind(self) -> Kind:
         if self.replacement_error is not None:
-            return "the replacement raises where the pattern does not"
-        if self.problem.startswith("the "):
-            return self.problem.split(":")[0]
-        for what in ("shapes", "dtypes", "lengths", "keys", "devices"):
-            if f"{what} differ" in self.problem:
-                return f"the replacement returns different {what}"
-        return "the replacement computes different values"
+            return "raises"
+        if self.problem.startswith("the two sides"):
+            return "mutation"
+        for word, kind in (("shapes differ", "shape"), ("dtypes differ", "dtype"), ("values differ", "values")):
+            if word in self.problem:
+                return kind  # type: ignore[return-value]
+        return "structure"
+
+    @property
+    def headline(self) -> str:
+        return _HEADLINES[self.kind]
 
 
 class PatternRaised(ValueError):
@@ -123,6 +160,12 @@ def evaluate(rule: Rule, inputs: Mapping[str, Any], tolerance: Tolerance = Toler
 
     Raises :class:`PatternRaised` (a ``ValueError``) when the pattern itself raises: such inputs
     are not in the rule's domain.
+
+    >>> import torch
+    >>> from fxrewrite import Rule
+    >>> rule = Rule.from_functions(lambda x: x / x, lambda x: torch.ones_like(x), name="div_self")
+    >>> print(evaluate(rule, {"x": torch.tensor([2.0, 0.0])}).problem)
+    values differ at 1 of 2 elements (rtol=1.3e-06, atol=1e-05): at index (1,) pattern nan, replacement 1.0
     """
     try:
         expected, pattern_args = call_rule_function(rule.pattern, inputs)
@@ -155,14 +198,18 @@ def _mutation_problem(after_pattern: Mapping[str, Any], after_replacement: Mappi
     return None
 
 
+# -- the search ---------------------------------------------------------------------------------
+
+
 @attrs.frozen(eq=False)
 class CheckResult:
     """The verdict on one rule.
 
-    ``verdict`` is ``"sound"`` (no counterexample in ``examples_run`` examples), ``"unsound"``
-    (``counterexample`` holds the shrunk inputs), ``"untestable"`` (no input could be drawn that
-    the pattern and the guards accept) or ``"error"`` (a guard raised, the domain is malformed,
-    the rule is not deterministic...). ``message`` is the readable report.
+    ``verdict`` is ``"sound"`` (no counterexample in ``examples_run`` examples), ``"unsound"``,
+    ``"untestable"`` (no drawn input was accepted by the pattern and the guards) or ``"error"``
+    (a guard raised, the domain is malformed, the rule is not deterministic...).
+    ``counterexample`` holds the shrunk inputs of the first counterexample, ``counterexamples``
+    one per kind of difference found; ``message`` is the readable report.
     """
 
     rule: str
@@ -171,18 +218,29 @@ class CheckResult:
     examples_run: int
     seconds: float
     message: str
-    counterexample: Mapping[str, Any] | None = None
-    details: Counterexample | None = None
+    counterexamples: tuple[Counterexample, ...] = ()
 
     @property
     def ok(self) -> bool:
         return self.verdict == "sound"
 
+    @property
+    def counterexample(self) -> Mapping[str, Any] | None:
+        return self.counterexamples[0].inputs if self.counterexamples else None
+
 
 class _Unsound(Exception):
+    """Raised by the search body on a counterexample; one subclass per kind, so that Hypothesis
+    shrinks and reports each kind of difference separately."""
+
     def __init__(self, counterexample: Counterexample) -> None:
         super().__init__(counterexample.problem)
         self.counterexample = counterexample
+
+
+_UNSOUND_BY_KIND: Mapping[Kind, type[_Unsound]] = {
+    kind: type(f"_Unsound_{kind}", (_Unsound,), {}) for kind in _KIND_ORDER
+}
 
 
 @attrs.define
@@ -191,6 +249,8 @@ class _Search:
 
     rule: Rule
     tolerance: Tolerance
+    #: Kinds of difference already reported: inputs showing only them count as passing.
+    known: frozenset[Kind] = frozenset()
     examples: int = 0
     failed: bool = False
 
@@ -201,59 +261,21 @@ class _Search:
             reject()
         if not self.failed:
             self.examples += 1
-        if counterexample is not None:
+        if counterexample is not None and counterexample.kind not in self.known:
             self.failed = True
-            raise _Unsound(counterexample)
+            raise _UNSOUND_BY_KIND[counterexample.kind](counterexample)
 
     def run(self, plan: InputPlan, max_examples: int, seed: int | None) -> None:
         test = given(plan.strategy())(self.body)
         test = settings(
             max_examples=max_examples, deadline=None, database=None, derandomize=seed is None,
-            suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet, report_multiple_bugs=False,
+            suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet, report_multiple_bugs=True,
             print_blob=False, phases=(Phase.explicit, Phase.generate, Phase.shrink),
         )(test)
         if seed is not None:
             test = hypothesis_seed(seed)(test)
-        test()
-
-
-def check_rule(rule: Rule, *, max_examples: int = DEFAULT_EXAMPLES, seed: int | None = None) -> CheckResult:
-    """Property-test ``rule`` on up to ``max_examples`` drawn inputs.
-
-    Without ``seed`` the search is derandomized (the same examples every run); a ``seed`` draws
-    other, equally reproducible, examples. The result's ``message`` is the report to show.
-    """
-    start = time.perf_counter()
-    where = f"rule '{rule.name}' ({rule.origin})"
-    try:
-        plan = plan_inputs(rule)
-        tolerance = Tolerance.parse(rule.tolerance, where=where)
-    except RuleDefinitionError as exc:
-        return _result(rule, "error", 0, start, f"{where} cannot be checked: {exc}")
-    search = _Search(rule, tolerance)
-    context = _Context(plan, tolerance, max_examples, seed)
-    try:
         with _one_thread():
-            search.run(plan, max_examples, seed)
-    except _Unsound as exc:
-        found = exc.counterexample
-        message = unsound_report(rule, found, context, search.examples)
-        return _result(rule, "unsound", search.examples, start, message, found)
-    except GuardRaised as exc:
-        found = Counterexample(exc.inputs, str(exc))
-        return _result(rule, "error", search.examples, start, guard_report(rule, exc, context), found)
-    except (Unsatisfiable, FailedHealthCheck) as exc:
-        return _result(rule, "untestable", search.examples, start, untestable_report(rule, context, exc))
-    except Flaky as exc:
-        message = (f"{where} is not deterministic: a failing input passed when tried again "
-                   f"({type(exc).__name__}). Make the pattern and replacement pure functions of their inputs.")
-        return _result(rule, "error", search.examples, start, message)
-    except RuleDefinitionError as exc:
-        return _result(rule, "error", search.examples, start, f"{where} cannot be checked: {exc}")
-    if search.examples == 0:
-        return _result(rule, "untestable", 0, start, untestable_report(rule, context, None))
-    message = f"rule '{rule.name}' is sound on {search.examples} examples ({where}; domain {plan.domain.describe()})"
-    return _result(rule, "sound", search.examples, start, message)
+            test()
 
 
 @contextlib.contextmanager
@@ -268,18 +290,101 @@ def _one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup) and not isinstance(exc, Flaky):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+def check_rule(rule: Rule, *, max_examples: int = DEFAULT_EXAMPLES, seed: int | None = None) -> CheckResult:
+    """Property-test ``rule`` on up to ``max_examples`` drawn inputs.
+
+    Without ``seed`` the search is derandomized (the same examples every run); a ``seed`` draws
+    other, equally reproducible, examples. The result's ``message`` is the report to show.
+
+    When a counterexample is found, the search is run again ignoring that kind of difference
+    (values, shape, dtype, ...), so that the report shows one counterexample per kind: fixing
+    the first one does not hide the next.
+    """
+    start = time.perf_counter()
+    where = f"rule '{rule.name}' ({rule.origin})"
+    try:
+        plan = plan_inputs(rule)
+        tolerance = Tolerance.parse(rule.tolerance, where=where)
+    except RuleDefinitionError as exc:
+        return _result(rule, "error", 0, start, f"{where} cannot be checked: {exc}")
+    context = _Context(rule, plan, tolerance, max_examples, seed)
+    search = _Search(rule, tolerance)
+    try:
+        search.run(plan, max_examples, seed)
+    except (Unsatisfiable, FailedHealthCheck) as exc:
+        return _result(rule, "untestable", search.examples, start, untestable_report(context, exc))
+    except Flaky as exc:
+        message = (f"{where} cannot be checked: it is not deterministic, a failing input passed when tried "
+                   f"again ({type(exc).__name__}). Make the pattern and replacement pure functions of their inputs.")
+        return _result(rule, "error", search.examples, start, message)
+    except Exception as exc:
+        errors = _leaves(exc)
+        found = _counterexamples(errors)
+        if not found:
+            return _error(context, errors, search.examples, start)
+        found = _more_counterexamples(context, found)
+        return _result(rule, "unsound", search.examples, start, unsound_report(context, found, search.examples), found)
+    if search.examples == 0:
+        return _result(rule, "untestable", 0, start, untestable_report(context, None))
+    message = f"rule '{rule.name}' is sound on {search.examples} examples ({where}; domain {plan.domain.describe()})"
+    return _result(rule, "sound", search.examples, start, message)
+
+
+def _counterexamples(errors: Sequence[BaseException]) -> tuple[Counterexample, ...]:
+    found = (e.counterexample for e in errors if isinstance(e, _Unsound))
+    return tuple(sorted(found, key=lambda c: _KIND_ORDER.index(c.kind)))
+
+
+def _more_counterexamples(context: _Context, found: tuple[Counterexample, ...]) -> tuple[Counterexample, ...]:
+    """Search again, ignoring the kinds of difference already found, until no new kind turns up."""
+    while len(found) < len(_KIND_ORDER):
+        search = _Search(context.rule, context.tolerance, known=frozenset(c.kind for c in found))
+        try:
+            search.run(context.plan, context.max_examples, context.seed)
+        except Exception as exc:  # any other failure ends the hunt; the first search already reported
+            new = _counterexamples(_leaves(exc))
+            if new:
+                found = tuple(sorted((*found, *new), key=lambda c: _KIND_ORDER.index(c.kind)))
+                continue
+        break
+    return found
+
+
+def _error(context: _Context, errors: Sequence[BaseException], examples: int, start: float) -> CheckResult:
+    rule = context.rule
+    guard = next((e for e in errors if isinstance(e, GuardRaised)), None)
+    if guard is not None:
+        found = Counterexample(guard.inputs, str(guard))
+        return _result(rule, "error", examples, start, guard_report(context, guard), (found,))
+    error = errors[0]
+    if isinstance(error, RuleDefinitionError):
+        return _result(rule, "error", examples, start, f"rule '{rule.name}' ({rule.origin}) cannot be checked: {error}")
+    raise error
+
+
 def _result(rule: Rule, verdict: Verdict, examples: int, start: float, message: str,
-            found: Counterexample | None = None) -> CheckResult:
-    return CheckResult(
-        rule=rule.name, origin=rule.origin, verdict=verdict, examples_run=examples,
-        seconds=time.perf_counter() - start, message=message,
-        counterexample=dict(found.inputs) if found is not None else None, details=found,
-    )
+            found: tuple[Counterexample, ...] = ()) -> CheckResult:
+    return CheckResult(rule=rule.name, origin=rule.origin, verdict=verdict, examples_run=examples,
+                       seconds=time.perf_counter() - start, message=message, counterexamples=found)
 
 
 def assert_rule_equivalent(rule: Rule, *, max_examples: int = DEFAULT_EXAMPLES, seed: int | None = None) -> CheckResult:
     """:func:`check_rule`, raising :class:`~fxrewrite.errors.NotEquivalent` with the report
-    unless the rule is sound. Returns the result (for its example count and time)."""
+    unless the rule is sound. Returns the result (for its example count and time).
+
+    >>> import torch
+    >>> from fxrewrite import Rule
+    >>> assert_rule_equivalent(Rule.from_functions(lambda x: x - x, lambda x: torch.zeros_like(x), name="sub_self"))
+    Traceback (most recent call last):
+    ...
+    fxrewrite.errors.NotEquivalent: rule 'sub_self' is unsound: the replacement computes different values...
+    """
     result = check_rule(rule, max_examples=max_examples, seed=seed)
     if not result.ok:
         raise NotEquivalent(result.message)
@@ -291,6 +396,7 @@ def assert_rule_equivalent(rule: Rule, *, max_examples: int = DEFAULT_EXAMPLES, 
 
 @attrs.frozen(eq=False)
 class _Context:
+    rule: Rule
     plan: InputPlan
     tolerance: Tolerance
     max_examples: int
@@ -298,77 +404,83 @@ class _Context:
 
     def search_line(self, examples: int) -> str:
         seed = "derandomized" if self.seed is None else f"seed={self.seed}"
-        return f"found after {examples} example(s), then shrunk (max_examples={self.max_examples}, {seed})"
+        return f"first counterexample after {examples} example(s), then shrunk (max_examples={self.max_examples}, {seed})"
+
+    def rule_line(self) -> str:
+        doc = f"  -- {self.rule.doc}" if self.rule.doc else ""
+        return f"  rule:        {self.rule.name} at {self.rule.origin}{doc}"
 
 
 def _output_dtype(value: Any) -> torch.dtype | None:
     if isinstance(value, torch.Tensor):
         return value.dtype
     if isinstance(value, (tuple, list)):
-        for v in value:
-            dtype = _output_dtype(v)
-            if dtype is not None:
-                return dtype
+        return next((d for d in map(_output_dtype, value) if d is not None), None)
     return None
 
 
-def _input_lines(inputs: Mapping[str, Any]) -> list[str]:
+def _input_lines(inputs: Mapping[str, Any], indent: str) -> list[str]:
     lines = []
     for name, value in inputs.items():
-        lines.append(f"    {name} = {format_value(value)}")
+        lines.append(f"{indent}{name} = {format_value(value)}")
         if isinstance(value, torch.nn.Module):
             for attr, tensor in (*value.named_parameters(recurse=False), *value.named_buffers(recurse=False)):
                 if tensor is not None and tensor.dim() > 0:
-                    lines.append(f"    {name}.{attr} = {format_value(tensor.detach())}")
+                    lines.append(f"{indent}{name}.{attr} = {format_value(tensor.detach())}")
     return lines
 
 
-def _rule_line(rule: Rule) -> str:
-    doc = f"  -- {rule.doc}" if rule.doc else ""
-    return f"  rule:        {rule.name} at {rule.origin}{doc}"
-
-
-def unsound_report(rule: Rule, found: Counterexample, context: _Context, examples: int) -> str:
-    """The report for a counterexample, as ``check_rule`` prints it."""
+def _counterexample_lines(found: Counterexample, indent: str) -> list[str]:
     replacement = (f"raised {type(found.replacement_error).__name__}: {_first_line(found.replacement_error)}"
                    if found.replacement_error is not None else format_value(found.replacement_output))
-    lines = [
-        f"rule '{rule.name}' is unsound: {found.headline}",
-        _rule_line(rule),
-        "  inputs:",
-        *_input_lines(found.inputs),
-        f"  pattern     -> {format_value(found.pattern_output)}",
-        f"  replacement -> {replacement}",
-        f"  difference:  {found.problem}",
-        f"  tolerance:   {context.tolerance.describe(_output_dtype(found.pattern_output))}",
+    return [
+        f"{indent}inputs:",
+        *_input_lines(found.inputs, indent + "  "),
+        f"{indent}pattern     -> {format_value(found.pattern_output)}",
+        f"{indent}replacement -> {replacement}",
+        f"{indent}difference:  {found.problem}",
+    ]
+
+
+def unsound_report(context: _Context, found: Sequence[Counterexample], examples: int) -> str:
+    """The report for an unsound rule: its first counterexample in full, then one for each other
+    kind of difference, then the declarations and how the search went."""
+    first, others = found[0], found[1:]
+    more = f" (and {len(others)} more kind{'s' if len(others) > 1 else ''} of difference below)" if others else ""
+    lines = [f"rule '{context.rule.name}' is unsound: {first.headline}{more}", context.rule_line(),
+             *_counterexample_lines(first, "  ")]
+    for other in others:
+        lines += [f"  another counterexample: {other.headline}", *_counterexample_lines(other, "    ")]
+    lines += [
+        f"  tolerance:   {context.tolerance.describe(_output_dtype(first.pattern_output))}",
         f"  domain:      {context.plan.domain.describe()}",
         f"  search:      {context.search_line(examples)}",
-        "  fix:         restrict the rule with a where= guard so it does not fire on such inputs, fix the "
-        "replacement, or declare domain=/tolerance= if such inputs cannot occur.",
+        "  fix:         fix the replacement, or restrict the rule with a where= guard so it does not fire on "
+        "such inputs, or declare domain=/tolerance= if such inputs cannot occur.",
     ]
     return "\n".join(lines)
 
 
-def guard_report(rule: Rule, exc: GuardRaised, context: _Context) -> str:
-    lines = [
-        f"rule '{rule.name}' has a guard that raises on inputs the pattern accepts (a rewrite would fail there)",
-        _rule_line(rule),
+def guard_report(context: _Context, exc: GuardRaised) -> str:
+    return "\n".join([
+        f"rule '{context.rule.name}' has a guard that raises on inputs the pattern accepts "
+        f"(a rewrite would fail there)",
+        context.rule_line(),
         "  inputs:",
-        *_input_lines(exc.inputs),
+        *_input_lines(exc.inputs, "    "),
         f"  error:       {exc}",
         f"  domain:      {context.plan.domain.describe()}",
         "  fix:         make the guard return False for such inputs (e.g. check m['x'].dim() first).",
-    ]
-    return "\n".join(lines)
+    ])
 
 
-def untestable_report(rule: Rule, context: _Context, exc: BaseException | None) -> str:
+def untestable_report(context: _Context, exc: BaseException | None) -> str:
     plan = context.plan
     why = plan.probe_failure or "the pattern or the guards rejected every drawn input"
     reason = f" ({type(exc).__name__})" if exc is not None else ""
     return "\n".join([
-        f"rule '{rule.name}' could not be tested: no drawn input was accepted{reason}",
-        _rule_line(rule),
+        f"rule '{context.rule.name}' could not be tested: no drawn input was accepted{reason}",
+        context.rule_line(),
         f"  pattern:     {why}",
         f"  domain:      {plan.domain.describe()}",
         "  fix:         declare a domain that produces inputs the pattern and guards accept, e.g. "

@@ -46,11 +46,13 @@ __all__ = [
     "DEFAULT_DTYPES",
     "DOMAIN_KEYS",
     "Domain",
+    "GuardHarness",
     "GuardRaised",
     "InputPlan",
     "call_rule_function",
     "elements",
     "inputs_for",
+    "match_for",
     "plan_inputs",
     "tensor_shapes",
     "tensors",
@@ -143,8 +145,8 @@ def _float_elements(dtype: torch.dtype, lo: float | None, hi: float | None, spec
     high = info.max if hi is None else min(float(hi), info.max)
     if low > high:
         raise ValueError(f"min_value={lo!r} is larger than max_value={hi!r} for {dtype}; swap them.")
-    notable = [0.0, 1.0, -1.0, -0.0, 0.5, 2.0, -2.0, info.max, -info.max, info.tiny, -info.tiny,
-               info.smallest_normal / 2 ** (info.bits // 2), low, high]
+    notable = [0.0, 1.0, -1.0, -0.0, 0.5, 2.0, -2.0, info.eps / 2, -info.eps / 2, info.max, -info.max,
+               info.tiny, -info.tiny, info.smallest_normal / 2 ** (info.bits // 2), low, high]
     values = [v for v in _unique(notable) if low <= v <= high]
     non_finite = st.sampled_from([math.inf, -math.inf, math.nan]) if special else st.nothing()
     low, high = _representable(low, width, up=True), _representable(high, width, up=False)
@@ -168,8 +170,9 @@ def _int_elements(dtype: torch.dtype, lo: float | None, hi: float | None) -> Sea
 def elements(dtype: torch.dtype, *, min_value: float | None = None, max_value: float | None = None,
              special_values: bool = True) -> SearchStrategy[Any]:
     """Python numbers that fit ``dtype``, drawn evenly from four groups: notable values (``0``,
-    ``1``, ``-1``, ``-0.0``, ``±2``, the dtype's extremes, the smallest normal, a subnormal, the
-    bounds), non-finite values, moderate values in ``[-10, 10]`` and any value in range. ``min_value`` / ``max_value`` bound the finite
+    ``1``, ``-1``, ``-0.0``, ``±0.5``, ``±2``, ``±eps/2`` (lost when added to 1), the dtype's
+    extremes, the smallest normal, a subnormal, the bounds), non-finite values, moderate values
+    in ``[-10, 10]`` and any value in range. ``min_value`` / ``max_value`` bound the finite
     values; ``special_values`` adds ``nan``, ``inf`` and ``-inf`` (floating dtypes only).
 
     >>> from hypothesis import find
@@ -238,7 +241,21 @@ def _value_lists(dtype: torch.dtype, size: int, lo: float | None, hi: float | No
     ``[0.0, inf]`` shrinks to ``[inf, inf]`` and then, one dimension less, to ``inf``."""
     drawn = st.lists(elements(dtype, min_value=lo, max_value=hi, special_values=special),
                      min_size=1, max_size=MAX_DISTINCT_VALUES)
-    return drawn.map(lambda values: _cycle(values, size))
+    if not (special and dtype.is_floating_point):
+        return drawn.map(lambda values: _cycle(values, size))
+    planted = st.tuples(drawn, st.sampled_from(_PLANTED), st.integers(0, MAX_DISTINCT_VALUES - 1))
+    return planted.map(lambda t: _plant(_cycle(t[0], size), t[1], t[2]))
+
+
+#: A non-finite value put at one position of many float tensors (None: leave it as drawn), so
+#: that nan and inf reach most rules early, whatever else the search does.
+_PLANTED: tuple[float | None, ...] = (None, None, None, None, math.nan, math.inf, -math.inf)
+
+
+def _plant(values: list[Any], special: float | None, index: int) -> list[Any]:
+    if special is not None and values:
+        values[index % len(values)] = special
+    return values
 
 
 def _cycle(values: list[Any], size: int) -> list[Any]:
@@ -354,7 +371,7 @@ class Domain:
         values = "any finite value" if self.min_value is None and self.max_value is None else (
             f"finite values in [{self.min_value}, {self.max_value}]")
         values += ", nan, ±inf" if self.special_values else " (no nan or inf)"
-        drawn = (f"dtypes {dtypes}{' (mixed)' if self.mixed_dtypes else ''}; ranks {self.ranks[0]}..{self.ranks[1]}; "
+        drawn = (f"dtypes {dtypes}{' (mixable)' if self.mixed_dtypes else ''}; ranks {self.ranks[0]}..{self.ranks[1]}; "
                  f"sides {self.sides[0]}..{self.sides[1]}; shapes {self.shapes}; values {values}")
         declared = f"declared {_show_declaration(self.declared)}" if self.declared else "default"
         return f"{declared} -> {drawn}"
@@ -517,6 +534,7 @@ class InputPlan:
     consumers: Mapping[str, str]
     configs: tuple[_Config, ...] = ()
     probe_failure: str | None = None
+    harness: GuardHarness | None = None
 
     @property
     def where(self) -> str:
@@ -564,11 +582,29 @@ def plan_inputs(rule: Rule, *, domain: Mapping[str, Any] | None = None) -> Input
         literals=tuple(p for p in params if p.kind == "literal"),
         modules=tuple(p for p in params if p.kind == "module"),
         consumers=_module_consumers(rule),
+        harness=GuardHarness(rule) if rule.where else None,
     )
+    _check_declared_names(plan)
     for param in plan.modules:
         _check_module_source(plan, param)
     configs, failure = _probe(plan)
     return attrs.evolve(plan, configs=configs, probe_failure=failure)
+
+
+def _check_declared_names(plan: InputPlan) -> None:
+    """A name in ``literals``, ``modules`` or ``inputs`` that is a parameter must be one of that
+    kind. Other names are ignored, so that one domain dict can serve several rules."""
+    kinds = {p.name: p.kind for p in plan.rule.compiled.params}
+    for key, kind in (("literals", "literal"), ("modules", "module"), ("inputs", "tensor")):
+        wrong = sorted(name for name in getattr(plan.domain, key) if kinds.get(name, kind) != kind)
+        if wrong:
+            found = ", ".join(f"'{name}' is a {kinds[name]} parameter" for name in wrong)
+            raise RuleDefinitionError(
+                f"{plan.where}: domain['{key}'] is for {kind} parameters, but {found}; move it to "
+                f"domain['{_DOMAIN_KEY_OF_KIND[kinds[wrong[0]]]}'].")
+
+
+_DOMAIN_KEY_OF_KIND = {"literal": "literals", "module": "modules", "tensor": "inputs"}
 
 
 def _check_module_source(plan: InputPlan, param: Param) -> None:
@@ -634,13 +670,17 @@ def _base_shape(plan: InputPlan, shape: Sequence[int], modules: Mapping[str, nn.
 
 
 @st.composite
-def _related_shape(draw: Any, base: tuple[int, ...], mode: ShapeMode) -> tuple[int, ...]:
-    """``base``, or (shrinking towards ``base``) a shape that broadcasts to it."""
-    if mode == "equal" or not base or not draw(st.booleans(), label="broadcast"):
+def _related_shape(draw: Any, base: tuple[int, ...], max_rank: int) -> tuple[int, ...]:
+    """``base``, or (shrinking towards ``base``) a shape that broadcasts to it: leading
+    dimensions dropped, some dimensions set to 1. The draws do not depend on ``base``'s rank, so
+    the shrinker can remove a dimension without disturbing what is drawn after."""
+    broadcast = draw(st.booleans(), label="broadcast")
+    drop = draw(st.integers(0, max_rank))
+    ones = draw(st.lists(st.booleans(), min_size=max_rank, max_size=max_rank))
+    if not broadcast:
         return base
-    drop = draw(st.integers(0, len(base)))
-    kept = base[drop:]
-    return tuple(1 if draw(st.booleans()) else side for side in kept)
+    kept = base[min(drop, len(base)):]
+    return tuple(1 if one else side for one, side in zip(ones, kept))
 
 
 def _tensor_dtypes(plan: InputPlan, param: Param) -> tuple[torch.dtype, ...]:
@@ -654,15 +694,16 @@ def _tensor_inputs(draw: Any, plan: InputPlan, config: _Config, base: tuple[int,
     out = {}
     for param in plan.tensors:
         own = plan.domain.tensor_domain(param.name)
-        related = param.name not in plan.consumers and len(plan.tensors) > 1
-        shape = draw(_related_shape(base, plan.domain.shapes)) if related else base
+        related = param.name not in plan.consumers and len(plan.tensors) > 1 and plan.domain.shapes == "broadcast"
+        shape = draw(_related_shape(base, plan.domain.ranks[1])) if related else base
         if own.dtypes is not None:
             dtype = draw(st.sampled_from(own.dtypes))
         else:
             dtype = draw(st.sampled_from(_tensor_dtypes(plan, param))) if mixed else config.dtype
         values = draw(_value_lists(dtype, math.prod(shape), own.min_value, own.max_value, own.special_values))
         t = _build_tensor(values, shape, dtype)
-        if plan.domain.non_contiguous and t.dim() >= 2 and min(t.shape[-2:]) > 1 and draw(st.booleans()):
+        transposed = plan.domain.non_contiguous and draw(st.booleans(), label="non-contiguous")
+        if transposed and t.dim() >= 2 and min(t.shape[-2:]) > 1:
             t = _non_contiguous(t)
         out[param.name] = t
     return out
@@ -704,7 +745,7 @@ def _raw_inputs(draw: Any, plan: InputPlan) -> dict[str, Any]:
 @st.composite
 def _valid_inputs(draw: Any, plan: InputPlan) -> dict[str, Any]:
     inputs = draw(_raw_inputs(plan))
-    if not accepts(plan.rule, inputs, guard_errors="raise"):
+    if not accepts(plan, inputs, guard_errors="raise"):
         reject()
     return inputs
 
@@ -741,50 +782,88 @@ def call_rule_function(fn: Callable[..., Any], inputs: Mapping[str, Any], *, rng
         return _seeded(rng_seed, lambda: fn(**args)), args
 
 
-def match_for(rule: Rule, inputs: Mapping[str, Any]) -> Match:
-    """A :class:`~fxrewrite.match.Match` of the rule's pattern against a copy of its own graph,
-    shape-propagated with ``inputs``: what the rule's guards would see in a graph computing the
-    pattern on these values. Raises whatever the pattern raises on them."""
-    from torch.fx.passes.shape_prop import ShapeProp
+class GuardHarness:
+    """The rule's pattern graph, copied into a ``GraphModule`` once, on which guards are
+    evaluated for concrete inputs: the graph is run with an interpreter that records each
+    node's value in ``meta["val"]``, and a :class:`~fxrewrite.match.Match` of the pattern
+    against this copy of itself is built, so ``m["x"].shape``, ``.dtype`` and ``.dim()`` work as
+    in a real rewrite."""
 
-    pattern = rule.compiled
-    graph = fx.Graph()
-    env: dict[Node, Node] = {}
-    graph.output(graph.graph_copy(pattern.graph, env))
-    root = nn.Module()
-    module_names = {p.name for p in pattern.params if p.kind == "module"}
-    for name in module_names:
-        root.add_module(name, fresh_copy(inputs[name]))
-    gm = fx.GraphModule(root, graph)
-    with torch.no_grad():
-        ShapeProp(gm).propagate(*(fresh_copy(inputs[str(n.target)]) for n in pattern.placeholders.values()))
-    bindings = {p.name: env[pattern.placeholders[p.name]] if p.kind == "tensor" else inputs[p.name]
-                for p in pattern.params}
-    return Match(
-        pattern=pattern, bindings=bindings, nodes=tuple(env[n] for n in pattern.inner_nodes),
-        outputs=tuple(env[n] for n in pattern.outputs), anchor=env[pattern.anchor],
-        module_paths={name: name for name in module_names}, node_map=dict(env),
-    )
+    def __init__(self, rule: Rule) -> None:
+        pattern = rule.compiled
+        graph = fx.Graph()
+        self.env: dict[Node, Node] = {}
+        graph.output(graph.graph_copy(pattern.graph, self.env))
+        self.rule = rule
+        self.module_names = tuple(p.name for p in pattern.params if p.kind == "module")
+        root = nn.Module()
+        for name in self.module_names:
+            root.add_module(name, nn.Identity())
+        self.gm = fx.GraphModule(root, graph)
+        self.placeholders = tuple(str(n.target) for n in pattern.placeholders.values())
+
+    def match(self, inputs: Mapping[str, Any]) -> Match:
+        """Run the pattern graph on copies of ``inputs`` (raising what it raises) and return
+        the match the guards would see."""
+        for name in self.module_names:
+            setattr(self.gm, name, fresh_copy(inputs[name]))
+        with torch.no_grad():
+            _RecordingInterpreter(self.gm).run(*(fresh_copy(inputs[name]) for name in self.placeholders))
+        pattern, env = self.rule.compiled, self.env
+        bindings = {p.name: env[pattern.placeholders[p.name]] if p.kind == "tensor" else inputs[p.name]
+                    for p in pattern.params}
+        return Match(
+            pattern=pattern, bindings=bindings, nodes=tuple(env[n] for n in pattern.inner_nodes),
+            outputs=tuple(env[n] for n in pattern.outputs), anchor=env[pattern.anchor],
+            module_paths={name: name for name in self.module_names}, node_map=dict(env),
+        )
+
+
+class _RecordingInterpreter(fx.Interpreter):
+    """Runs a graph and records every node's value in ``node.meta["val"]`` (what guards read)."""
+
+    def run_node(self, n: Node) -> Any:
+        value = super().run_node(n)
+        n.meta["val"] = value
+        return value
+
+
+def match_for(rule: Rule, inputs: Mapping[str, Any]) -> Match:
+    """A :class:`~fxrewrite.match.Match` of ``rule``'s pattern against a copy of its own graph
+    evaluated on ``inputs``: what the rule's guards would see in a graph computing the pattern
+    on these values. Raises whatever the pattern raises on them.
+
+    >>> import torch
+    >>> from fxrewrite import Rule
+    >>> rule = Rule.from_functions(lambda x: torch.relu(torch.relu(x)), lambda x: torch.relu(x), name="r")
+    >>> m = match_for(rule, {"x": torch.zeros(2, 3, dtype=torch.float64)})
+    >>> m["x"].shape, m["x"].dtype, m["x"].dim()
+    (torch.Size([2, 3]), torch.float64, 2)
+    """
+    return GuardHarness(rule).match(inputs)
 
 
 def _guard_name(guard: Callable[..., Any]) -> str:
     return getattr(guard, "__qualname__", None) or repr(guard)
 
 
-def accepts(rule: Rule, inputs: Mapping[str, Any], *, guard_errors: Literal["raise", "reject"] = "reject") -> bool:
+def accepts(plan: InputPlan, inputs: Mapping[str, Any], *,
+            guard_errors: Literal["raise", "reject", "accept"] = "reject") -> bool:
     """True when the pattern runs on ``inputs`` and every guard of the rule holds there.
 
     A guard that raises is a bug in the rule (a rewrite would fail on such a graph): with
-    ``guard_errors="raise"`` it raises :class:`GuardRaised`, else the inputs are not accepted.
+    ``guard_errors="raise"`` it raises :class:`GuardRaised`; ``"reject"`` and ``"accept"`` say
+    what such inputs count as.
     """
-    if not rule.where:
+    rule = plan.rule
+    if plan.harness is None:
         try:
             call_rule_function(rule.pattern, inputs)
         except Exception:
             return False
         return True
     try:
-        match = match_for(rule, inputs)
+        match = plan.harness.match(inputs)
     except Exception:
         return False
     for guard in rule.where:
@@ -792,8 +871,8 @@ def accepts(rule: Rule, inputs: Mapping[str, Any], *, guard_errors: Literal["rai
             if not guard(match):
                 return False
         except Exception as exc:
-            if guard_errors == "reject":
-                return False
+            if guard_errors != "raise":
+                return guard_errors == "accept"
             raise GuardRaised(
                 f"rule '{rule.name}' ({rule.origin}): guard {_guard_name(guard)} raised "
                 f"{type(exc).__name__}: {exc}", inputs, exc) from exc
@@ -871,7 +950,7 @@ def _probe_once(plan: InputPlan, tensors_: Mapping[str, torch.Tensor], modules: 
     error = None
     for literals in literal_choices:
         inputs = {**tensors_, **literals, **modules}
-        if accepts(plan.rule, inputs):
+        if accepts(plan, inputs, guard_errors="accept"):  # a crashing guard is reported later
             return True, None
         if error is None:
             try:
