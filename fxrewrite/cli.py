@@ -76,6 +76,19 @@ def _check(target: Target, rewritten: torch.nn.Module, out: TextIO) -> bool:
     return True
 
 
+def _progress_display(nodes: int) -> Any:
+    """A progress line on stderr for long runs (big graphs, on a terminal); else nothing."""
+    if nodes < 5000 or not sys.stderr.isatty():
+        return None
+
+    def show(rewrites: int, queued: int) -> None:
+        end = "\n" if queued == 0 else ""
+        print(f"\rrewriting: {rewrites} rewrite(s), {queued} node(s) left to visit   ", end=end, file=sys.stderr,
+              flush=True)
+
+    return show
+
+
 def _print_report(report: Any, out: TextIO) -> None:
     active = {name: s for name, s in report.stats.items() if s.attempts or s.applied}
     width = max([len("rule"), *(len(n) for n in active)])
@@ -94,7 +107,7 @@ def cmd_apply(args: argparse.Namespace, out: TextIO) -> int:
     rules = _load_rules(args.rules)
     before = _graph_module(target, args.export)
     print(f"{target.spec}: {len(before.graph.nodes)} nodes, {len(rules)} rules", file=out)
-    result = rewrite(before, rules)
+    result = rewrite(before, rules, on_progress=_progress_display(len(before.graph.nodes)))
     _print_report(result.report, out)
     if args.diff:
         print(code_diff(before, result.module, fromfile=f"{args.target} (before)", tofile="after"), file=out)

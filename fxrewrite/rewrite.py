@@ -126,6 +126,7 @@ class _Tally:
 
 
 _MAX_REASONS = 3
+_PROGRESS_EVERY = 2048  # visits between two on_progress calls
 
 
 def rewrite(
@@ -136,6 +137,7 @@ def rewrite(
     max_rewrites: int | None = None,
     example_inputs: Sequence[Any] | None = None,
     debug: bool | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> RewriteResult:
     """Rewrite ``target`` with ``rules`` to a fixed point.
 
@@ -146,7 +148,8 @@ def rewrite(
     graph node, plus 64). ``example_inputs`` lets guards read shapes and dtypes of a graph that
     carries no metadata (fake tensors are propagated through the graph, see :mod:`fxrewrite.meta`). ``debug`` (or the environment
     variable ``FXREWRITE_DEBUG=1``) lints the graph after every rewrite and names the rule after
-    which a check failed.
+    which a check failed. ``on_progress(rewrites, queued)`` is called now and then with the
+    number of rewrites so far and of nodes still waiting to be visited (for progress displays).
     """
     ruleset = as_ruleset(rules)
     gm = to_graph_module(target, inplace=inplace)
@@ -155,7 +158,7 @@ def rewrite(
     budget = max_rewrites if max_rewrites is not None else 8 * len(gm.graph.nodes) + 64
     debug = debug if debug is not None else os.environ.get("FXREWRITE_DEBUG", "") not in ("", "0")
     started = time.perf_counter()
-    driver = _Driver(gm, ruleset, budget=budget, debug=debug)
+    driver = _Driver(gm, ruleset, budget=budget, debug=debug, on_progress=on_progress)
     try:
         driver.run()
     except FxRewriteError as exc:
@@ -235,7 +238,9 @@ def _propagate_shapes(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None
 class _Driver:
     """The worklist: one queue of graph nodes per priority level, served highest first."""
 
-    def __init__(self, gm: fx.GraphModule, ruleset: RuleSet, *, budget: int, debug: bool) -> None:
+    def __init__(self, gm: fx.GraphModule, ruleset: RuleSet, *, budget: int, debug: bool,
+                 on_progress: Callable[[int, int], None] | None = None) -> None:
+        self.on_progress = on_progress
         self.gm = gm
         self.graph = gm.graph
         self.ruleset = ruleset
@@ -266,10 +271,16 @@ class _Driver:
             self._drain()
 
     def _drain(self) -> None:
+        visits = 0
         while True:
             level = next((p for p in self.levels if self.queues[p]), None)
             if level is None:
+                if self.on_progress is not None:
+                    self.on_progress(self.rewrites, 0)
                 return
+            visits += 1
+            if self.on_progress is not None and visits % _PROGRESS_EVERY == 0:
+                self.on_progress(self.rewrites, sum(len(q) for q in self.queues.values()))
             _, _, node = heapq.heappop(self.queues[level])
             self.queued[level].discard(node)
             if not node._erased:

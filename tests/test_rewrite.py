@@ -441,3 +441,9 @@ def test_tensor_variable_does_not_bind_a_python_int_node_when_metadata_says_so()
     result = rewrite(f, plus, example_inputs=(torch.randn(2, 3),))
     assert result.report.applied["plus"] == 0
     assert_rewritten(f, result, torch.randn(2, 3))
+
+
+def test_progress_callback_reports_rewrites_and_ends_with_nothing_queued():
+    calls = []
+    rewrite(StackedRelu(), RELU_RELU, on_progress=lambda done, queued: calls.append((done, queued)))
+    assert calls[-1] == (4, 0)
