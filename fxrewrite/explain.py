@@ -29,7 +29,8 @@ from torch.fx.node import Node
 
 from .canon import op_key_of
 from .match import Match, Rejection, match_at
-from .rewrite import _propagate_shapes, to_graph_module
+from .meta import propagate_inputs
+from .rewrite import to_graph_module
 from .rule import Rule, RulesLike, as_ruleset
 
 __all__ = ["Explanation", "Miss", "RuleExplanation", "explain", "find_matches"]
@@ -94,7 +95,7 @@ class Explanation:
 def _graph_module(target: Any, example_inputs: Sequence[Any] | None) -> fx.GraphModule:
     gm = to_graph_module(target)
     if example_inputs is not None:
-        _propagate_shapes(gm, example_inputs)
+        propagate_inputs(gm, example_inputs)
     return gm
 
 

@@ -22,6 +22,8 @@ import torch
 import torch.fx as fx
 from torch.fx.node import Node, map_arg
 
+from .errors import RewriteError
+
 __all__ = ["has_values", "propagate_inputs", "propagate_values"]
 
 logger = logging.getLogger(__name__)
@@ -40,13 +42,20 @@ def _is_fake(value: Any) -> bool:
 
 def propagate_inputs(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
     """Annotate every node of ``gm`` with ``meta["val"]`` by running it on fake copies of
-    ``example_inputs`` (no real computation happens)."""
+    ``example_inputs`` (no real computation happens). Raises :class:`RewriteError` when the
+    inputs do not fit the graph."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    fake_inputs = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
-    FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fake_inputs)
+    try:
+        fake_inputs = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
+        FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fake_inputs)
+    except Exception as exc:
+        raise RewriteError(
+            f"could not propagate shapes with the given example_inputs: {type(exc).__name__}: {exc}. "
+            f"Pass one value per forward() argument, as you would call the model."
+        ) from exc
 
 
 def propagate_values(gm: fx.GraphModule, nodes: Iterable[Node]) -> None:

@@ -154,7 +154,7 @@ def rewrite(
     ruleset = as_ruleset(rules)
     gm = to_graph_module(target, inplace=inplace)
     if example_inputs is not None:
-        _propagate_shapes(gm, example_inputs)
+        propagate_inputs(gm, example_inputs)
     budget = max_rewrites if max_rewrites is not None else 8 * len(gm.graph.nodes) + 64
     debug = debug if debug is not None else os.environ.get("FXREWRITE_DEBUG", "") not in ("", "0")
     started = time.perf_counter()
@@ -223,16 +223,6 @@ def _copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
     graph.owning_module = new
     new.meta = copy.copy(getattr(gm, "meta", {}))
     return new
-
-
-def _propagate_shapes(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
-    try:
-        propagate_inputs(gm, example_inputs)
-    except Exception as exc:
-        raise RewriteError(
-            f"could not propagate shapes with the given example_inputs: {type(exc).__name__}: {exc}. "
-            f"Pass one value per forward() argument, as you would call the model."
-        ) from exc
 
 
 class _Driver:
