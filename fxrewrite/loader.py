@@ -172,8 +172,11 @@ def _remove_first(items: list[str], value: str) -> None:
 
 
 def _rules_of_module(module: ModuleType, path: Path) -> Iterator[Rule]:
-    """The rules a module defines at module level, in definition order."""
+    """The rules a module defines at module level, in definition order. A
+    ``<name>_pattern``/``<name>_replacement`` pair already used by a module-level ``Rule`` (with
+    its guards and priority) is not turned into a second, plain rule."""
     namespace = vars(module)
+    used = {id(r.pattern) for r in _module_level_rules(namespace)}
     for name, value in list(namespace.items()):
         if isinstance(value, Rule):
             yield value
@@ -184,10 +187,18 @@ def _rules_of_module(module: ModuleType, path: Path) -> Iterator[Rule]:
                 f"{path}: '{name}' is a pattern awaiting its replacement; decorate the replacement with "
                 f"@{value.pattern.__name__}.replacement."
             )
-        elif name.endswith("_pattern") and _defined_in(value, module):
+        elif name.endswith("_pattern") and _defined_in(value, module) and id(value) not in used:
             rule = _function_pair(name.removesuffix("_pattern"), value, namespace, module, path)
             if rule is not None:
                 yield rule
+
+
+def _module_level_rules(namespace: Mapping[str, Any]) -> Iterator[Rule]:
+    for value in list(namespace.values()):
+        if isinstance(value, Rule):
+            yield value
+        elif isinstance(value, RuleSet):
+            yield from value
 
 
 def _defined_in(value: Any, module: ModuleType) -> bool:

@@ -225,3 +225,16 @@ def test_syntax_errors_name_the_file(tmp_path):
     with pytest.raises(RuleSyntaxError) as info:
         load_rules(tmp_path)
     assert info.value.filename == str(path) and info.value.lineno == 2
+
+
+def test_function_pair_used_by_a_module_level_rule_is_not_loaded_twice(tmp_path):
+    (tmp_path / "guarded.py").write_text(
+        "import torch, fxrewrite\n"
+        "def neg_neg_pattern(x):\n    return torch.neg(torch.neg(x))\n"
+        "def neg_neg_replacement(x):\n    return x\n"
+        "neg_neg = fxrewrite.Rule.from_functions(neg_neg_pattern, neg_neg_replacement, name='neg_neg',\n"
+        "                                        priority=5, where=lambda m: False)\n"
+    )
+    rules = load_rules(tmp_path / "guarded.py")
+    assert len(rules) == 1
+    assert rules["neg_neg"].priority == 5 and len(rules["neg_neg"].where) == 1
