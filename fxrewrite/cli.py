@@ -1,6 +1,6 @@
 """The ``fxrewrite`` command line: wiring only, the work is done by the library.
 
-    fxrewrite apply TARGET [--rules PATH ...] [-o OUT] [--check] [--diff] [--export]
+    fxrewrite apply TARGET [--rules PATH ...] [-o OUT] [--check] [--diff] [--show-code] [--export] [--shapes]
     fxrewrite explain TARGET [--rules PATH ...] [--rule NAME ...] [--misses N] [--shapes] [--export]
     fxrewrite list [PATHS ...]
 
@@ -19,7 +19,7 @@ import torch
 import torch.fx as fx
 
 from .codegen import annotated_code, code_diff, write_module
-from .errors import FxRewriteError, MetadataError, RewriteError, TargetError
+from .errors import FxRewriteError, MetadataError, TargetError
 from .rule import RuleSet
 from .target import Target, load_target
 
@@ -59,6 +59,14 @@ def _graph_module(target: Target, export: bool) -> fx.GraphModule:
     if not isinstance(module, fx.GraphModule):
         raise TargetError(f"torch.export returned a {type(module).__name__}, not a GraphModule; cannot rewrite it.")
     return module
+
+
+def _shapes(target: Target, wanted: bool) -> tuple[Any, ...] | None:
+    if not wanted:
+        return None
+    if target.example_inputs is None:
+        raise TargetError(f"--shapes needs example inputs: define example_inputs() next to '{target.spec}'.")
+    return target.example_inputs
 
 
 def _check(target: Target, rewritten: torch.nn.Module, out: TextIO) -> bool:
@@ -107,7 +115,8 @@ def cmd_apply(args: argparse.Namespace, out: TextIO) -> int:
     rules = _load_rules(args.rules)
     before = _graph_module(target, args.export)
     print(f"{target.spec}: {len(before.graph.nodes)} nodes, {len(rules)} rules", file=out)
-    result = rewrite(before, rules, on_progress=_progress_display(len(before.graph.nodes)))
+    result = rewrite(before, rules, example_inputs=_shapes(target, args.shapes),
+                     on_progress=_progress_display(len(before.graph.nodes)))
     _print_report(result.report, out)
     if args.diff:
         print(code_diff(before, result.module, fromfile=f"{args.target} (before)", tofile="after"), file=out)
@@ -141,15 +150,7 @@ def cmd_explain(args: argparse.Namespace, out: TextIO) -> int:
             raise TargetError(f"no rule named {', '.join(missing)} in the loaded rules; see `fxrewrite list`.")
         rules = RuleSet(tuple(rules[name] for name in args.rule))
     gm = _graph_module(target, args.export)
-    try:
-        explanation = explain(rules, gm, example_inputs=target.example_inputs if args.shapes else None,
-                              misses=args.misses)
-    except RewriteError as exc:
-        if isinstance(exc.__cause__, MetadataError) and not args.shapes:
-            raise TargetError(f"{exc}\nOn the command line: add --shapes (shapes come from example_inputs() "
-                              f"next to the target) or --export.") from exc
-        raise
-    print(explanation, file=out)
+    print(explain(rules, gm, example_inputs=_shapes(target, args.shapes), misses=args.misses), file=out)
     return 0
 
 
@@ -166,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     apply.add_argument("--diff", action="store_true", help="print a unified diff of the forward code")
     apply.add_argument("--show-code", action="store_true", help="print the rewritten code with provenance comments")
     apply.add_argument("--export", action="store_true", help="capture the model with torch.export instead of tracing")
+    apply.add_argument("--shapes", action="store_true",
+                       help="propagate shapes from example_inputs() so guards can read them")
     apply.set_defaults(run=cmd_apply)
 
     explain = sub.add_parser("explain", help="say where each rule matches and why it does not elsewhere")
@@ -191,6 +194,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         return int(args.run(args, out))
     except FxRewriteError as exc:
         print(f"fxrewrite {args.command}: error: {exc}", file=sys.stderr)
+        if isinstance(exc.__cause__, MetadataError):
+            print("On the command line: add --shapes (shapes come from example_inputs() next to the target) "
+                  "or --export.", file=sys.stderr)
         return 2
 
 

@@ -20,9 +20,12 @@ diffs, and writing a rewritten module to a folder it can be imported from.
 from __future__ import annotations
 
 import difflib
+import shutil
 from pathlib import Path
 
 import torch.fx as fx
+
+from .errors import TargetError
 
 __all__ = ["annotated_code", "code_diff", "forward_code", "write_module"]
 
@@ -52,7 +55,17 @@ def code_diff(before: fx.GraphModule, after: fx.GraphModule, *, fromfile: str = 
 
 def write_module(gm: fx.GraphModule, folder: str | Path, module_name: str = "RewrittenModule") -> Path:
     """Write ``gm`` with ``GraphModule.to_folder`` so that ``from <folder> import <module_name>``
-    works; returns the folder."""
-    folder = Path(folder)
-    gm.to_folder(folder, module_name)
+    works from any directory; returns the folder. Nothing is left behind if writing fails."""
+    folder = Path(folder).resolve()
+    existed = folder.exists()
+    try:
+        gm.to_folder(folder, module_name)
+    except Exception as exc:
+        if not existed:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise TargetError(
+            f"could not write the rewritten module to {folder}: {type(exc).__name__}: {exc}. GraphModule.to_folder "
+            f"pickles the module's submodules; modules defined inside functions (or by torch.export's unlifted "
+            f"modules) cannot be pickled. Save result.module with torch.save or re-export it instead."
+        ) from exc
     return folder

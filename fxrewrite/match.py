@@ -194,8 +194,9 @@ class _Search:
 
     # -- bookkeeping -------------------------------------------------------------------------
     def fail(self, pn: Node, gv: Any, reason: str) -> None:
-        """Remember why the search failed where it got furthest (the closest miss)."""
-        if self.record and (self.failure is None or len(self.p2g) >= self.failure.progress):
+        """Remember why the search failed where it got furthest (the closest miss; on a tie, the
+        first failure, i.e. the operand order as written)."""
+        if self.record and (self.failure is None or len(self.p2g) > self.failure.progress):
             self.failure = Rejection(pn, gv, reason, len(self.p2g))
 
     def bind(self, pn: Node, gv: Any) -> None:

@@ -155,7 +155,7 @@ def test_literal_capture_cannot_bind_a_graph_value():
 
     miss = only_miss(explain(rule(pattern, lambda x, s: torch.relu(x * s), "scaled"), lambda a, b: torch.relu(a * b)),
                      "scaled")
-    assert miss.reason == "'s' is a literal capture and cannot bind node 'a'"
+    assert miss.reason == "'s' is a literal capture and cannot bind node 'b'"  # operands as written: s vs b
 
 
 def test_variable_cannot_bind_a_constant_and_the_reason_says_how_to_capture_it():
