@@ -62,19 +62,20 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
-import torch  # noqa: E402
-import torch.fx as fx  # noqa: E402
+import torch
+from torch import fx
 
 try:
-    import fxrewrite  # noqa: E402
+    import fxrewrite
 except ImportError:  # running from a checkout without the package installed
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    import fxrewrite  # noqa: E402
+    import fxrewrite
 
 DEFAULT_SIZES = (1000, 4000, 16000, 64000)
 QUICK_SIZES = (1000, 4000)
@@ -331,28 +332,37 @@ class _Timeout(Exception):
 
 
 def _alarm_available() -> bool:
-    return hasattr(signal, "SIGALRM") and threading.current_thread() is threading.main_thread()
+    return hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
 
 
-def _timed(fn: Callable[[], Any], limit: float | None = None) -> tuple[float, Any]:
-    """Seconds taken by ``fn()`` and its result; raises ``_Timeout`` after ``limit`` seconds
-    (when a SIGALRM timer can be used: main thread, POSIX)."""
+#: ``cpu``: CPU time of this process (robust when other processes share the machine);
+#: ``wall``: elapsed time.
+CLOCKS: dict[str, Callable[[], float]] = {"cpu": time.process_time, "wall": time.perf_counter}
+
+
+def _timed(fn: Callable[[], Any], limit: float | None = None,
+           clock: Callable[[], float] = time.process_time) -> tuple[float, Any]:
+    """Seconds taken by ``fn()`` (on ``clock``) and its result; raises ``_Timeout`` after
+    ``limit`` seconds on the same clock (when an interval timer can be used: main thread, POSIX)."""
     gc.collect()
     use_alarm = limit is not None and _alarm_available()
     if use_alarm:
+        cpu = clock is time.process_time
+        which, signum = (signal.ITIMER_PROF, signal.SIGPROF) if cpu else (signal.ITIMER_REAL, signal.SIGALRM)
+
         def on_alarm(signum, frame):  # type: ignore[no-untyped-def]
             raise _Timeout()
 
-        previous = signal.signal(signal.SIGALRM, on_alarm)
-        signal.setitimer(signal.ITIMER_REAL, limit)
+        previous = signal.signal(signum, on_alarm)
+        signal.setitimer(which, limit)
     try:
-        start = time.perf_counter()
+        start = clock()
         result = fn()
-        elapsed = time.perf_counter() - start
+        elapsed = clock() - start
     finally:
         if use_alarm:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
+            signal.setitimer(which, 0)
+            signal.signal(signum, previous)
     return elapsed, result
 
 
@@ -380,6 +390,7 @@ class Row:
     inplace_ms: float | None = None
     fx_ms: float | None = None
     fx_status: str = "ok"  # ok | skipped | timeout | error
+    fx_runs: int = 0  # runs in the fx median (fewer than --repeat when fx is slow)
     recompile_ms: float | None = None
     pass_ms: float | None = None
     rewrites: int | None = None
@@ -435,6 +446,8 @@ class Bench:
             return "skipped"
         if self.args.fx_max_nodes is not None and size > self.args.fx_max_nodes:
             return "skipped"
+        if self.args.fx_max_rules is not None and key[2] > self.args.fx_max_rules:
+            return "skipped"
         if key in self.fx_given_up:
             return "skipped"
         hist = self.fx_history.get(key, [])
@@ -455,44 +468,56 @@ class Bench:
         base = build(spec)
         n_nodes = len(base.graph.nodes)
         expected = base(self.x)
-        repeat = self.args.repeat
-        pass_s = [_timed(lambda: _node_pass(base))[0] for _ in range(repeat)]
-        recompile_s = [_timed(base.recompile)[0] for _ in range(repeat)]
+        clock = CLOCKS[self.args.clock]
+        # ``base`` lives through every measurement of this graph: freeze it (with everything else
+        # alive now) so the gc.collect() before each timed call does not traverse it again.
+        gc.collect()
+        gc.freeze()
+        try:
+            self._run_rules(spec, base, expected, n_nodes, clock)
+        finally:
+            gc.unfreeze()
+
+    def _run_rules(self, spec: GraphSpec, base: fx.GraphModule, expected: Any, n_nodes: int,
+                   clock: Callable[[], float]) -> None:
+        shape, density, repeat = spec.shape, spec.density, self.args.repeat
         self.log(f"  graph {shape} N={n_nodes} density={density:.0%} (actual {spec.actual_density:.1%}, "
                  f"{spec.pairs} neg pairs, {len(spec.outputs)} output(s))")
         for count in self.args.rules:
             ruleset, defs = self.rulesets[count]
-            row = Row(shape, n_nodes, density, count, spec.actual_density, spec.pairs,
-                      recompile_ms=_median(recompile_s), pass_ms=_median(pass_s))
+            row = Row(shape, n_nodes, density, count, spec.actual_density, spec.pairs)
             fx_skip = self.fx_plan(row.key, n_nodes)
-            times: dict[str, list[float]] = {"rewrite": [], "inplace": [], "fx": []}
+            times: dict[str, list[float]] = {"rewrite": [], "inplace": [], "fx": [], "pass": [], "recompile": []}
             last: dict[str, Any] = {}
             for _ in range(repeat):
-                # copying mode
-                gm = build(spec)
+                # the floors, interleaved with the runs they are compared with
+                times["pass"].append(_timed(partial(_node_pass, base), clock=clock)[0])
+                times["recompile"].append(_timed(base.recompile, clock=clock)[0])
+                # copying mode: the input is never modified, so every run can take the base module
                 try:
-                    t, res = _timed(lambda: fxrewrite.rewrite(gm, ruleset))
+                    t, res = _timed(partial(fxrewrite.rewrite, base, ruleset), clock=clock)
                     times["rewrite"].append(t)
                     last["rewrite"] = res
-                    if len(gm.graph.nodes) != n_nodes:
+                    if len(base.graph.nodes) != n_nodes or res.module is base:
                         row.errors.append("rewrite(inplace=False) modified its input module")
+                        base = build(spec)
                 except Exception as exc:  # noqa: BLE001
                     row.errors.append(f"rewrite raised {type(exc).__name__}: {exc}")
                 # in place
                 gm = build(spec)
                 try:
-                    t, res = _timed(lambda: fxrewrite.rewrite(gm, ruleset, inplace=True))
+                    t, res = _timed(partial(fxrewrite.rewrite, gm, ruleset, inplace=True), clock=clock)
                     times["inplace"].append(t)
                     last["inplace"] = res
                     if res.module is not gm:
                         row.errors.append("rewrite(inplace=True) did not return the module it was given")
                 except Exception as exc:  # noqa: BLE001
                     row.errors.append(f"rewrite(inplace=True) raised {type(exc).__name__}: {exc}")
-                # torch.fx, rule by rule
-                if fx_skip is None:
+                # torch.fx, rule by rule; runs after the first stop once fx has used --fx-limit seconds
+                if fx_skip is None and sum(times["fx"]) < self.args.fx_limit:
                     gm = build(spec)
                     try:
-                        t, counts = _timed(lambda: _fx_apply(gm, defs), limit=self.args.fx_limit)
+                        t, counts = _timed(partial(_fx_apply, gm, defs), limit=self.args.fx_limit, clock=clock)
                         times["fx"].append(t)
                         last["fx"] = (gm, counts)
                     except _Timeout:
@@ -503,10 +528,13 @@ class Bench:
                         self.fx_given_up.add(row.key)
                         row.errors.append(f"torch.fx.replace_pattern raised {type(exc).__name__}: {exc}")
                 gm = None
+            row.pass_ms = _median(times["pass"])
+            row.recompile_ms = _median(times["recompile"])
             row.rewrite_ms = _median(times["rewrite"])
             row.inplace_ms = _median(times["inplace"])
             if fx_skip is None and times["fx"]:
                 row.fx_ms = _median(times["fx"])
+                row.fx_runs = len(times["fx"])
                 self.fx_history.setdefault(row.key, []).append((n_nodes, statistics.median(times["fx"])))
             else:
                 row.fx_status = fx_skip or "skipped"
@@ -610,7 +638,9 @@ def _fmt_k(v: float | None) -> str:
 
 
 def report(rows: list[Row], fx_limit: float, out: Any) -> dict[str, Any]:
-    p = lambda s="": print(s, file=out)  # noqa: E731
+    def p(text: str = "") -> None:
+        print(text, file=out)
+
     p()
     p(HEADER)
     p("-" * len(HEADER))
@@ -663,7 +693,7 @@ def report(rows: list[Row], fx_limit: float, out: Any) -> dict[str, Any]:
         verdicts[f"{label}_exponent"] = ok
         at = "" if e is None else f" at {e['shape']} density={e['density']:.0%} rules={e['rules']}"
         lines.append(f"  {label:<8} scaling exponent <= {TARGET_EXPONENT}: {'PASS' if ok else 'FAIL'} "
-                     f"(worst {k:.2f}{at})" if k is not None else f"  {label} scaling exponent: FAIL (not measured)")
+                     f"(worst {k:.3f}{at})" if k is not None else f"  {label} scaling exponent: FAIL (not measured)")
     errors = [(r, e) for r in rows for e in r.errors]
     p("targets (DESIGN.md, Performance model):")
     for line in lines:
@@ -690,7 +720,8 @@ def report(rows: list[Row], fx_limit: float, out: Any) -> dict[str, Any]:
 
 def profile(shape: str, size: int, density: float, rules: int, out: Any, top: int = 15) -> None:
     """cProfile one copying-mode ``rewrite``; print the top entries by cumulative time from
-    fxrewrite's own modules, then overall."""
+    fxrewrite's own modules, then overall. (cProfile's own wall-clock timer: a Python-level
+    CPU-time timer would multiply the profiling overhead; profile on a quiet machine.)"""
     spec = make_spec(shape, size, density)
     ruleset, _ = make_ruleset(rules)
     gm = build(spec)
@@ -744,12 +775,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                     help="fractions of nodes in planted neg(neg(x)) pairs (default 0,0.1,0.5; '10%%' works)")
     ap.add_argument("--rules", type=_ints, default=list(DEFAULT_RULE_COUNTS),
                     help="rule-set sizes (default 1,10,50)")
-    ap.add_argument("--fx-limit", type=float, default=30.0,
+    ap.add_argument("--fx-limit", type=float, default=15.0,
                     help="seconds allowed to one torch.fx measurement (all rules of one run); larger graphs "
                          "of a configuration that hit it, or are projected to, print 'timeout'/'skipped' "
-                         "(default 30)")
+                         "(default 15)")
     ap.add_argument("--fx-max-nodes", type=int, default=None, help="skip torch.fx above this many nodes")
+    ap.add_argument("--fx-max-rules", type=int, default=None,
+                    help="skip torch.fx for rule sets larger than this (default: no limit; --quick: 1)")
     ap.add_argument("--no-fx", action="store_true", help="do not time torch.fx.replace_pattern")
+    ap.add_argument("--clock", choices=sorted(CLOCKS), default="cpu",
+                    help="cpu: CPU time of this process (default; robust on a shared machine); wall: elapsed time")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows and verdicts to this file")
     ap.add_argument("--profile", action="store_true",
                     help="afterwards, cProfile one rewrite of the first shape/density/rule count at the "
@@ -761,6 +796,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.sizes = list(QUICK_SIZES if args.quick else DEFAULT_SIZES)
     if args.repeat is None:
         args.repeat = 1 if args.quick else 3
+    if args.fx_max_rules is None and args.quick:
+        args.fx_max_rules = 1
     if args.repeat < 1:
         ap.error("--repeat must be at least 1")
     for s in args.shapes:
@@ -785,12 +822,19 @@ def main(argv: Sequence[str] | None = None, out: Any = None) -> int:
     print(f"fxrewrite {fxrewrite.__version__}, torch {torch.__version__}, Python {sys.version.split()[0]}; "
           f"sizes {','.join(map(str, args.sizes))}, repeat {args.repeat} (median), shapes {','.join(args.shapes)}, "
           f"densities {','.join(f'{d:.0%}' for d in args.densities)}, rules {','.join(map(str, args.rules))}, "
-          f"fx limit {args.fx_limit:g} s", file=out, flush=True)
+          f"fx limit {args.fx_limit:g} s, clock {args.clock}", file=out, flush=True)
     bench = Bench(args, out)
-    for shape in args.shapes:
-        for density in args.densities:
-            for size in args.sizes:
-                bench.run_graph(shape, size, density)
+    # gc.collect() runs before every timed call; freezing what start-up created (torch, the rules)
+    # keeps those collections cheap. Collection stays enabled inside the timed regions.
+    gc.collect()
+    gc.freeze()
+    try:
+        for shape in args.shapes:
+            for density in args.densities:
+                for size in args.sizes:
+                    bench.run_graph(shape, size, density)
+    finally:
+        gc.unfreeze()
     summary = report(bench.rows, args.fx_limit, out)
     print(f"\ntotal benchmark time {time.perf_counter() - started:.1f} s", file=out)
     if args.json is not None:

@@ -75,6 +75,8 @@ class Pattern:
     depth: int
     #: Pattern nodes that compute something (everything but placeholders and the output).
     inner_nodes: tuple[Node, ...]
+    #: Op keys of the operations feeding the anchor: a graph node lacking one cannot match.
+    anchor_input_keys: frozenset[Hashable] = frozenset()
 
     @property
     def is_multi_output(self) -> bool:
@@ -169,6 +171,8 @@ def pattern_from_graph(graph: fx.Graph, params: tuple[Param, ...] | None = None,
         ),
         depth=_depth(graph),
         inner_nodes=tuple(n for n in graph.nodes if n.op in _INNER_OPS),
+        anchor_input_keys=frozenset(op_key_of(a.op, a.target) for a in anchor.all_input_nodes
+                                    if a.op in _INNER_OPS),
     )
 
 

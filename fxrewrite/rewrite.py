@@ -225,6 +225,15 @@ def _copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
     return new
 
 
+def _may_match(rule: Rule, node: Node) -> bool:
+    """A cheap necessary condition: every op feeding the pattern's anchor also feeds ``node``."""
+    required = rule.compiled.anchor_input_keys
+    if not required:
+        return True
+    present = {op_key_of(a.op, a.target) for a in node.all_input_nodes}
+    return required <= present
+
+
 class _Driver:
     """The worklist: one queue of graph nodes per priority level, served highest first."""
 
@@ -244,6 +253,7 @@ class _Driver:
         for r in ruleset:  # RuleSet order within a level
             self.by_level[r.priority].setdefault(r.anchor_key, []).append(r)
         self.reach = max((r.compiled.depth for r in ruleset), default=1)
+        self.largest = max((len(r.compiled.inner_nodes) for r in ruleset), default=1)
         self.needs_modules = any(r.compiled.module_captures for r in ruleset)
         self.modules: dict[str, torch.nn.Module] = dict(gm.named_modules()) if self.needs_modules else {}
         self.splicer = Splicer(gm, self.modules)
@@ -280,6 +290,8 @@ class _Driver:
         for rule in self.by_level[level].get(op_key_of(node.op, node.target), ()):
             tally = self.tallies[rule.name]
             tally.attempts += 1
+            if not _may_match(rule, node):
+                continue
             refusal = None
             for match in match_at(rule.compiled, node, self.gm, modules=self.modules, candidates=self._nodes_with_key):
                 if insertion_point(match) is None:
@@ -314,7 +326,11 @@ class _Driver:
         self._requeue(created, inputs)
 
     def _requeue(self, created: list[Node], inputs: Iterable[Node]) -> None:
-        frontier = [n for n in (*created, *inputs) if not n._erased]
+        """Queue what the rewrite may have made matchable: the new nodes, and what lies
+        downstream of them and of the inputs that lost a user (such an input may now be an inner
+        node of a match, but only if it has no more users than the largest pattern has nodes)."""
+        lost_a_user = [n for n in inputs if not n._erased and len(n.users) <= self.largest]
+        frontier = [n for n in (*created, *lost_a_user) if not n._erased]
         seen = set(frontier)
         for n in created:
             if not n._erased:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+import cProfile
 import math
 import operator
+import pstats
 
 import pytest
 import torch
@@ -447,3 +449,28 @@ def test_progress_callback_reports_rewrites_and_ends_with_nothing_queued():
     calls = []
     rewrite(StackedRelu(), RELU_RELU, on_progress=lambda done, queued: calls.append((done, queued)))
     assert calls[-1] == (4, 0)
+
+
+def _calls_to_rewrite_pairs_sharing_one_input(pairs: int) -> int:
+    g = fx.Graph()
+    x = g.placeholder("x")
+    outs = [g.call_function(torch.neg, (g.call_function(torch.neg, (x,)),)) for _ in range(pairs)]
+    total = outs[0]
+    for o in outs[1:]:
+        total = g.call_function(operator.add, (total, o))
+    g.output(total)
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    result = rewrite(gm, NEG_NEG, inplace=True)
+    profiler.disable()
+    assert result.report.applied["neg_neg"] == pairs
+    torch.testing.assert_close(result.module(torch.ones(2)), torch.full((2,), float(pairs)))
+    return sum(stat[1] for stat in pstats.Stats(profiler).stats.values())  # total calls, not time
+
+
+def test_many_rewrites_around_one_widely_used_value_stay_linear():
+    # neg(neg(x)) pairs all reading one x: a rewrite must not revisit all of x's users. Work is
+    # counted in function calls (deterministic), not seconds: 4x the pairs, about 4x the calls.
+    small, large = _calls_to_rewrite_pairs_sharing_one_input(300), _calls_to_rewrite_pairs_sharing_one_input(1200)
+    assert large / small < 6, (small, large)
