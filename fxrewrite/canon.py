@@ -114,8 +114,29 @@ def _dropout(input: Any, p: float = 0.5, training: bool = True, inplace: bool = 
     return None if inplace else ("dropout", {"input": input, "p": p, "train": training})
 
 
+def _same_order(function: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """An adapter for a functional whose parameters are its ATen op's, in the same order, plus
+    ``inplace`` (``F.leaky_relu(input, negative_slope=0.01, inplace=False)``)."""
+    signature = inspect.signature(function)
+
+    def adapt(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        values = dict(bound.arguments)
+        if values.pop("inplace", False):
+            return None
+        return name, tuple(values.values())
+
+    adapt.__signature__ = signature  # type: ignore[attr-defined]
+    return adapt
+
+
+_SAME_ORDER = {F.relu6: "relu6", F.hardswish: "hardswish", F.hardsigmoid: "hardsigmoid", F.mish: "mish",
+               F.leaky_relu: "leaky_relu", F.elu: "elu", F.hardtanh: "hardtanh", F.selu: "selu", F.celu: "celu"}
+
 #: ``torch.nn.functional`` functions written in Python, mapped onto their ATen op.
 FUNCTIONALS: Mapping[Callable[..., Any], tuple[str, Callable[..., Any]]] = {
+    **{f: (name, _same_order(f, name)) for f, name in _SAME_ORDER.items()},
     F.relu: ("relu", _relu),
     F.silu: ("silu", _silu),
     F.softmax: ("softmax", _softmax_like("softmax")),
@@ -250,8 +271,9 @@ def _functional(target: Any, name: str, args: tuple[Any, ...], kwargs: Mapping[s
     result = adapter(*bound.args, **bound.kwargs)
     if result is None:
         return None
-    aten_name, named = result
-    return _resolve(getattr(torch.ops.aten, aten_name), (), named)
+    aten_name, given = result
+    packet = getattr(torch.ops.aten, aten_name)
+    return _resolve(packet, given, {}) if isinstance(given, tuple) else _resolve(packet, (), given)
 
 
 def _ordered_overloads(packet: torch._ops.OpOverloadPacket) -> list[torch._ops.OpOverload]:

@@ -146,3 +146,19 @@ def _numel(shape):
     for s in shape:
         n *= s
     return n
+
+
+@pytest.mark.parametrize("functional", [F.relu6, F.hardswish, F.hardsigmoid, F.mish, F.elu, F.hardtanh, F.selu,
+                                        lambda t: F.leaky_relu(t, 0.1)])
+def test_python_functionals_match_their_exported_aten_op(functional):
+    rule = Rule.from_functions(lambda x: functional(x) * 2.0, lambda x: functional(x) + functional(x), name="twice")
+    exported = torch.export.export(Wrap(lambda a, b: functional(a) * 2.0 + b), (X, Y)).module()
+    result = rewrite(exported, rule)
+    assert result.report.applied["twice"] == 1
+    result.module.graph.lint()
+    torch.testing.assert_close(result.module(X, Y), functional(X) * 2.0 + Y)
+
+
+def test_inplace_functional_keeps_its_own_key_and_never_matches_the_pure_op():
+    rule = Rule.from_functions(lambda x: F.relu6(x) * 2.0, lambda x: F.relu6(x) + F.relu6(x), name="twice")
+    assert rewrite(lambda a: F.relu6(a, inplace=True) * 2.0, rule).report.applied["twice"] == 0
