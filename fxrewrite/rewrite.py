@@ -168,7 +168,7 @@ def rewrite(
         raise
     gm.graph.lint()
     if driver.rewrites:
-        gm.delete_all_unused_submodules()  # e.g. the conv and bn a folding rule replaced
+        _drop_dead_attributes(gm, owned=not inplace)
     gm.recompile()
     report = Report({r.name: driver.tallies[r.name].freeze() for r in ruleset}, driver.rewrites,
                     time.perf_counter() - started)
@@ -205,6 +205,25 @@ def to_graph_module(target: Any, *, inplace: bool = False) -> fx.GraphModule:
             f"Make the model traceable (see torch.fx's limitations: no control flow on tensor values), or "
             f"trace it yourself (e.g. with concrete_args or torch.export) and pass the GraphModule."
         ) from exc
+
+
+def _drop_dead_attributes(gm: fx.GraphModule, *, owned: bool) -> None:
+    """After rewriting: erase ``get_attr`` nodes nothing reads any more, and the submodules no
+    node calls (the conv and bn a folding rule replaced); in a module fxrewrite made itself
+    (``owned``), also the parameters and buffers no node reads (the caller's module keeps its
+    own)."""
+    for node in list(gm.graph.nodes):
+        if node.op == "get_attr" and not node.users:
+            gm.graph.erase_node(node)
+    gm.delete_all_unused_submodules()
+    if not owned:
+        return
+    read = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
+    called = [n.target for n in gm.graph.nodes if n.op == "call_module"]
+    for name, _ in [*gm.named_parameters(), *gm.named_buffers()]:
+        if name not in read and not any(name.startswith(prefix + ".") for prefix in called):
+            owner, _, attr = name.rpartition(".")
+            delattr(gm.get_submodule(owner) if owner else gm, attr)
 
 
 def _copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:

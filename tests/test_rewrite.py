@@ -474,3 +474,24 @@ def test_many_rewrites_around_one_widely_used_value_stay_linear():
     # counted in function calls (deterministic), not seconds: 4x the pairs, about 4x the calls.
     small, large = _calls_to_rewrite_pairs_sharing_one_input(300), _calls_to_rewrite_pairs_sharing_one_input(1200)
     assert large / small < 6, (small, large)
+
+
+@pytest.mark.filterwarnings("ignore::fxrewrite.RuleWarning")
+def test_attributes_a_rewrite_made_unused_are_dropped_from_the_copy():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("offset", torch.zeros(3))
+
+        def forward(self, x):
+            return torch.relu(x + self.offset)
+
+    forget_zero_buffer = rule(lambda x, y: torch.relu(x + y), lambda x, y: torch.relu(x), name="forget",
+                              where=lambda m: m.node("y").op == "get_attr")
+    model = M()
+    gm = fx.symbolic_trace(model)
+    result = rewrite(gm, forget_zero_buffer)
+    assert result.report.applied["forget"] == 1
+    assert "offset" not in dict(result.module.named_buffers()) and "self.offset" not in result.code
+    assert "offset" in dict(model.named_buffers()) and "offset" in dict(gm.named_buffers())
+    assert_rewritten(model, result, torch.randn(3))
