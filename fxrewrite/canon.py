@@ -333,8 +333,8 @@ def _accepts(type_name: str, value: Any) -> bool:
     is_list = "List[" in type_name
     if value is None:
         return optional
-    if isinstance(value, Node):
-        return type_name in _NODE_TYPES
+    if isinstance(value, Node):  # a tensor, a symbolic number, or (in a pattern) a captured constant
+        return type_name in _NODE_TYPES or (is_list and _scalar_like(value))
     if isinstance(value, bool):
         return type_name in ("bool", "Optional[bool]", "number", "Optional[number]", "Tensor")
     if isinstance(value, int):
@@ -350,6 +350,13 @@ def _accepts(type_name: str, value: Any) -> bool:
     if isinstance(value, (torch.device, torch.layout, torch.memory_format)):
         return any(t in type_name for t in ("Device", "Layout", "MemoryFormat", "int"))
     return False
+
+
+def _scalar_like(node: Node) -> bool:
+    """A node that may stand for one number in a list: a pattern's captured constant or a
+    graph input (placeholders), or a node whose value is known to be an int."""
+    val = node.meta.get("val", None)
+    return node.op == "placeholder" or isinstance(val, (int, torch.SymInt))
 
 
 def _number_as_tensor(type_name: str, value: Any) -> bool:

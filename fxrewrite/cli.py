@@ -3,6 +3,7 @@
     fxrewrite apply TARGET [--rules PATH ...] [-o OUT] [--check] [--diff] [--show-code] [--export] [--shapes]
     fxrewrite explain TARGET [--rules PATH ...] [--rule NAME ...] [--misses N] [--shapes] [--export]
     fxrewrite list [PATHS ...]
+    fxrewrite check [PATHS ...] [--examples N] [--seed S]
 
 Exit status: 0 on success, 1 when ``--check`` finds a difference, 2 on an error (the message
 says what failed and what to do).
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from collections.abc import Sequence
 from typing import Any, TextIO
 
@@ -31,8 +33,9 @@ def _load_rules(paths: Sequence[str] | None) -> RuleSet:
 
     if not paths:
         return load_rules()
+    unique = {str(Path(p).resolve()): p for p in reversed(paths)}  # the same file given twice loads once
     rules = RuleSet(())
-    for path in paths:
+    for path in reversed(unique.values()):
         rules = rules + load_rules(path)
     return rules
 
@@ -154,6 +157,12 @@ def cmd_explain(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
+    from .testing.check_cli import run_check
+
+    return run_check(args.paths, examples=args.examples, seed=args.seed, out=out)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fxrewrite", description="Pattern-rewriting rules for PyTorch programs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -180,6 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
                          help="propagate shapes from example_inputs() so guards can read them")
     explain.add_argument("--export", action="store_true", help="capture the model with torch.export")
     explain.set_defaults(run=cmd_explain)
+
+    check = sub.add_parser("check", help="property-test rules: does each replacement compute what its pattern computes?")
+    check.add_argument("paths", nargs="*", metavar="PATH", help="rule files or directories (default: shipped)")
+    check.add_argument("--examples", type=int, default=100, metavar="N", help="examples drawn per rule")
+    check.add_argument("--seed", type=int, default=None, metavar="S", help="seed of the search (default: derandomized)")
+    check.set_defaults(run=cmd_check)
 
     listing = sub.add_parser("list", help="list rules with their origin, priority and doc")
     listing.add_argument("paths", nargs="*", metavar="PATH", help="rule files or directories (default: shipped)")

@@ -153,7 +153,7 @@ def _import(path: Path) -> ModuleType:
     sys.path.insert(0, directory)
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # SystemExit: a script that parses sys.argv when imported
         sys.modules.pop(name, None)
         raise RuleLoadError(
             f"Python rule file '{path}' failed to import: {type(exc).__name__}: {exc}. Fix the file (it runs like "

@@ -17,6 +17,7 @@ module is an instance of that class).
 from __future__ import annotations
 
 import inspect
+import operator
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, Literal
 
@@ -270,6 +271,21 @@ def _check_nodes(graph: fx.Graph, param_of: Mapping[Node, Param], outputs: tuple
                 f"{where}: module capture '{param.name}' is never called in the pattern; call it "
                 f"('{param.name}(x)') or remove it."
             )
+
+
+def is_mutating(n: Node) -> bool:
+    """True for a node that writes into its first argument: an in-place method (``x.add_(1)``),
+    an in-place function or mutating ATen op, ``inplace=True`` or ``out=``."""
+    if "out" in n.kwargs or n.kwargs.get("inplace") is True:
+        return True
+    if n.op == "call_method":
+        return isinstance(n.target, str) and n.target.endswith("_") and not n.target.endswith("__")
+    if n.op == "call_function":
+        if isinstance(n.target, torch._ops.OpOverload):
+            return n.target._schema.is_mutable
+        name = getattr(n.target, "__name__", "")
+        return name.endswith("_") and not name.endswith("__") or n.target is operator.setitem
+    return False
 
 
 def _check_pure(n: Node, where: str) -> None:

@@ -26,6 +26,7 @@ from .errors import RewriteError
 from .canon import aten_overload
 from .match import Match, node_position
 from .meta import has_values, propagate_values
+from .pattern import is_mutating
 from .rule import Rule
 
 __all__ = ["Splicer", "insertion_point"]
@@ -175,6 +176,7 @@ class Splicer:
             with self.gm.graph.inserting_before(point):
                 result = rule.replacement(**_arguments(match, tracer))
                 new_outputs = _output_nodes(result, match, rule, tracer)
+                _refuse_input_mutation(match, rule, tracer.created)
         except Exception as exc:
             tracer.rollback()
             if isinstance(exc, RewriteError):
@@ -240,6 +242,16 @@ def _same_value(a: Any, b: Any) -> bool:
         return type(a) is type(b) and bool(a == b)
     except Exception:
         return False
+
+
+def _refuse_input_mutation(match: Match, rule: Rule, created: list[Node]) -> None:
+    inputs = {v for v in match.bindings.values() if isinstance(v, Node)}
+    for node in created:
+        if is_mutating(node) and node.args and node.args[0] in inputs:
+            raise RewriteError(
+                f"{_where(rule, match)}: the replacement writes in place into its input '{node.args[0].name}' "
+                f"({node.format_node()}), which the rest of the program still reads; use the out-of-place op."
+            )
 
 
 def _where(rule: Rule, match: Match) -> str:

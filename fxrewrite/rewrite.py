@@ -28,6 +28,7 @@ import collections
 import copy
 import heapq
 import itertools
+import operator
 import logging
 import os
 import time
@@ -40,9 +41,10 @@ import torch.fx as fx
 from torch.fx.graph_module import _copy_attr
 from torch.fx.node import Node
 
-from .canon import op_key_of
+from .canon import canonical_name, op_key_of
 from .errors import DidNotConverge, FxRewriteError, RewriteError
 from .match import Match, match_at, node_position
+from .pattern import is_mutating
 from .meta import propagate_inputs
 from .replace import Splicer, insertion_point
 from .rule import Rule, RuleSet, RulesLike, as_ruleset
@@ -166,7 +168,13 @@ def rewrite(
             gm.recompile()
             exc.add_note(f"inplace=True: the module keeps the {driver.rewrites} rewrite(s) applied before this error.")
         raise
-    gm.graph.lint()
+    try:
+        gm.graph.lint()
+    except Exception as exc:
+        raise RewriteError(
+            f"the rewritten graph is invalid ({exc}); rerun with debug=True (or FXREWRITE_DEBUG=1) to find the "
+            f"rule after which it broke. Rules applied: {driver.applied_rules()}."
+        ) from exc
     if driver.rewrites:
         _drop_dead_attributes(gm, owned=not inplace)
     gm.recompile()
@@ -210,8 +218,8 @@ def to_graph_module(target: Any, *, inplace: bool = False) -> fx.GraphModule:
 def _drop_dead_attributes(gm: fx.GraphModule, *, owned: bool) -> None:
     """After rewriting: erase ``get_attr`` nodes nothing reads any more, and the submodules no
     node calls (the conv and bn a folding rule replaced); in a module fxrewrite made itself
-    (``owned``), also the parameters and buffers no node reads (the caller's module keeps its
-    own)."""
+    (``owned``), also its own parameters and buffers no node reads. Attributes inside
+    submodules are never touched: those modules are shared with the caller's model."""
     for node in list(gm.graph.nodes):
         if node.op == "get_attr" and not node.users:
             gm.graph.erase_node(node)
@@ -219,11 +227,9 @@ def _drop_dead_attributes(gm: fx.GraphModule, *, owned: bool) -> None:
     if not owned:
         return
     read = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
-    called = [n.target for n in gm.graph.nodes if n.op == "call_module"]
-    for name, _ in [*gm.named_parameters(), *gm.named_buffers()]:
-        if name not in read and not any(name.startswith(prefix + ".") for prefix in called):
-            owner, _, attr = name.rpartition(".")
-            delattr(gm.get_submodule(owner) if owner else gm, attr)
+    for name, _ in [*gm.named_parameters(recurse=False), *gm.named_buffers(recurse=False)]:
+        if name not in read:  # only gm's own attributes: submodules may be shared with the caller
+            delattr(gm, name)
 
 
 def _copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
@@ -242,6 +248,31 @@ def _copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
     graph.owning_module = new
     new.meta = copy.copy(getattr(gm, "meta", {}))
     return new
+
+
+def _mutated(node: Node) -> bool:
+    """True when ``node``, or a view of it, is written in place somewhere in the graph."""
+    return any(is_mutating(user) and user.args and user.args[0] is alias
+               for alias in _views_of(node) for user in alias.users)
+
+
+_VIEW_OPS = frozenset({"view", "reshape", "transpose", "t", "permute", "expand", "expand_as", "squeeze", "unsqueeze",
+                       "select", "slice", "narrow", "as_strided", "unflatten", "flatten", "view_as", "reshape_as",
+                       "mT", "numpy_T", "diagonal", "unbind", "split", "chunk", "detach", "alias", "movedim"})
+
+
+def _views_of(node: Node, limit: int = 64) -> list[Node]:
+    """``node`` and the values that may share its storage (views of it, transitively)."""
+    found, stack = [node], [node]
+    while stack and len(found) < limit:
+        for user in stack.pop().users:
+            name = canonical_name(user.op, user.target) or getattr(user.target, "__name__", user.target)
+            is_view = name in _VIEW_OPS or user.target is operator.getitem or (
+                user.target is getattr and user.args[1:2] in (("T",), ("mT",), ("H",), ("mH",)))
+            if is_view and user not in found:
+                found.append(user)
+                stack.append(user)
+    return found
 
 
 def _may_match(rule: Rule, node: Node) -> bool:
@@ -276,6 +307,7 @@ class _Driver:
         self.needs_modules = any(r.compiled.module_captures for r in ruleset)
         self.modules: dict[str, torch.nn.Module] = dict(gm.named_modules()) if self.needs_modules else {}
         self.splicer = Splicer(gm, self.modules)
+        self.mutation_cache: dict[Node, tuple[int, bool]] = {}
         self.seq = itertools.count()
         self.queues: dict[int, list[tuple[Any, int, Node]]] = {}
         self.queued: dict[int, set[Node]] = {}
@@ -313,8 +345,8 @@ class _Driver:
                 continue
             refusal = None
             for match in match_at(rule.compiled, node, self.gm, modules=self.modules, candidates=self._nodes_with_key):
-                if insertion_point(match) is None:
-                    continue  # multi-output match whose outputs are used before its inputs exist
+                if insertion_point(match) is None or self._written_in_place(match):
+                    continue  # no place for the replacement, or a value of the match is mutated
                 refusal = rule.refusal(match)
                 if refusal is None:
                     self._apply(rule, match, tally)
@@ -323,6 +355,27 @@ class _Driver:
                 tally.rejected += 1
                 if len(tally.reasons) < _MAX_REASONS:
                     tally.reasons.append(f"at '{node.name}': {refusal}")
+
+    def _written_in_place(self, match: Match) -> bool:
+        """True when an input or output of the match, or a view of one, is written in place:
+        moving the computation (or making an output alias an input) could change results.
+        Deliberately conservative: such matches are never rewritten.
+
+        Cached per node with its user count: a node that only lost users keeps its answer (a
+        rewrite never adds an in-place write: replacements writing into inputs are refused, and
+        matches whose outputs are written are never applied), so a widely used input is scanned
+        once, not once per rewrite."""
+        values = [v for v in match.bindings.values() if isinstance(v, Node)]
+        for v in (*values, *match.outputs):
+            cached = self.mutation_cache.get(v)
+            if cached is None or len(v.users) > cached[0]:
+                cached = self.mutation_cache[v] = (len(v.users), _mutated(v))
+            if cached[1]:
+                return True
+        return False
+
+    def applied_rules(self) -> str:
+        return ", ".join(f"{name} ({t.applied}x)" for name, t in self.tallies.items() if t.applied) or "none"
 
     def _nodes_with_key(self, key: Hashable) -> list[Node]:
         """Nodes computing ``key``, for patterns whose outputs share no node (a full scan: such

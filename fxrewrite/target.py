@@ -55,7 +55,7 @@ def _import(location: str, spec: str) -> ModuleType:
         return importlib.import_module(location)
     except TargetError:
         raise
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # SystemExit: a script that runs argparse when imported
         raise TargetError(
             f"cannot import '{location}' for target '{spec}': {type(exc).__name__}: {exc}. Check the path "
             f"(relative to the current directory) or that the package is installed."

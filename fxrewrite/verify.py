@@ -15,8 +15,9 @@ equal only themselves; ``0.0`` equals ``-0.0``.
 >>> import torch
 >>> compare(torch.tensor([1.0, float("nan")]), torch.tensor([1.0, float("nan")])) is None
 True
->>> print(compare(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.5])))
-values differ at 1 of 2 elements (rtol=1.3e-06, atol=1e-05): at index (1,) expected 2.0, actual 2.5 (absolute difference 0.5)
+>>> print(compare(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.5])))  # doctest: +NORMALIZE_WHITESPACE
+values differ at 1 of 2 elements (rtol=1.3e-06, atol=1e-05):
+at index (1,) expected 2.0, actual 2.5 (absolute difference 0.5)
 >>> print(compare((torch.zeros(2),), (torch.zeros(3),)))
 [0]: shapes differ: expected (2,), actual (3,)
 >>> format_value(torch.tensor([0.0, -0.0, float("inf")]))
@@ -147,7 +148,7 @@ def _compare_sequences(expected: Sequence[Any], actual: Sequence[Any], rtol: flo
                        atol: float | None, names: tuple[str, str], path: str) -> str | None:
     if len(expected) != len(actual):
         return f"{_where(path)}lengths differ: {names[0]} is {_kind(expected)}, {names[1]} is {_kind(actual)}"
-    for i, (e, a) in enumerate(zip(expected, actual)):
+    for i, (e, a) in enumerate(zip(expected, actual, strict=True)):
         problem = _compare(e, a, rtol, atol, names, f"{path}[{i}]")
         if problem:
             return problem
@@ -314,7 +315,8 @@ def _summary(t: torch.Tensor) -> str:
     finite = wide[torch.isfinite(wide)]
     parts = []
     if finite.numel():
-        parts.append(f"min {_scalar(float(finite.min()), torch.float64)}, max {_scalar(float(finite.max()), torch.float64)}")
+        low, high = (_scalar(float(v), torch.float64) for v in (finite.min(), finite.max()))
+        parts.append(f"min {low}, max {high}")
     for name, count in (("nan", int(torch.isnan(wide).sum())), ("inf", int(torch.isinf(wide).sum()))):
         if count:
             parts.append(f"{count} {name}")
@@ -380,7 +382,7 @@ def _argument_names(fn: Callable[..., Any], count: int) -> list[str]:
 def _program_report(headline: str, fn: Callable[..., Any], args: tuple[Any, ...], expected: Any,
                     actual: str) -> str:
     lines = [headline, "  inputs:"]
-    for name, value in zip(_argument_names(fn, len(args)), args):
+    for name, value in zip(_argument_names(fn, len(args)), args, strict=True):
         lines.append(f"    {name} = {format_value(value)}")
     lines.append(f"  before -> {format_value(expected)}")
     lines.append(f"  after  -> {actual}")
@@ -400,10 +402,10 @@ def assert_equivalent(before: Callable[..., Any], after: Callable[..., Any], inp
     >>> rule = fxrewrite.Rule.from_functions(lambda x: torch.neg(torch.neg(x)), lambda x: x, name="double_neg")
     >>> after = fxrewrite.rewrite(model, rule).module
     >>> assert_equivalent(model, after, [(torch.randn(3),), (torch.tensor([float("nan")]),)])
-    >>> assert_equivalent(model, lambda x: x * 3, (torch.ones(1),))
+    >>> assert_equivalent(model, lambda x: x * 3, (torch.ones(1),))  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    fxrewrite.errors.NotEquivalent: the program after the rewrite differs from the one before on call 1 of 1: values differ at 1 of 1 elements (rtol=1.3e-06, atol=1e-05): at index (0,) before 2.0, after 3.0 (absolute difference 1)
+    fxrewrite.errors.NotEquivalent: the program after the rewrite differs from the one before on call 1 of 1: ...
       inputs:
         x = torch.tensor([1.0], dtype=torch.float32)  # shape (1,)
       before -> torch.tensor([2.0], dtype=torch.float32)  # shape (1,)

@@ -35,4 +35,5 @@ def parse_rules(text: str, *, source: str = "<string>", names: Mapping[str, Any]
         from ..errors import RuleDefinitionError
 
         raise RuleDefinitionError(f"parse_rules takes the text of a rule file (a str), got {type(text).__name__}.")
+    text = text.removeprefix("\ufeff")  # a byte-order mark left by some editors
     return compile_rules(parse(text, source=source), names=names)

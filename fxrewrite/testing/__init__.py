@@ -30,10 +30,10 @@ if TYPE_CHECKING:
     from .strategies import DEFAULT_DTYPES, DOMAIN_KEYS, Domain, elements, inputs_for, tensor_shapes, tensors
 
 __all__ = [
-    "DEFAULT_DTYPES",
-    "DOMAIN_KEYS",
     "CheckResult",
     "Counterexample",
+    "DEFAULT_DTYPES",
+    "DOMAIN_KEYS",
     "Domain",
     "Tolerance",
     "assert_equivalent",

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
@@ -47,9 +48,9 @@ except ImportError:  # Python 3.10: Hypothesis depends on the backport
     from exceptiongroup import BaseExceptionGroup  # type: ignore[no-redef]
 
 __all__ = [
-    "DEFAULT_EXAMPLES",
     "CheckResult",
     "Counterexample",
+    "DEFAULT_EXAMPLES",
     "PatternRaised",
     "Tolerance",
     "Verdict",
@@ -253,6 +254,8 @@ class _Search:
     known: frozenset[Kind] = frozenset()
     examples: int = 0
     failed: bool = False
+    #: How many examples had a tensor of each dtype.
+    dtypes: Counter[torch.dtype] = attrs.Factory(Counter)
 
     def body(self, inputs: dict[str, Any]) -> None:
         try:
@@ -261,6 +264,7 @@ class _Search:
             reject()
         if not self.failed:
             self.examples += 1
+            self.dtypes.update({v.dtype for v in inputs.values() if isinstance(v, torch.Tensor)})
         if counterexample is not None and counterexample.kind not in self.known:
             self.failed = True
             raise _UNSOUND_BY_KIND[counterexample.kind](counterexample)
@@ -300,11 +304,13 @@ def check_rule(rule: Rule, *, max_examples: int = DEFAULT_EXAMPLES, seed: int | 
     """Property-test ``rule`` on up to ``max_examples`` drawn inputs.
 
     Without ``seed`` the search is derandomized (the same examples every run); a ``seed`` draws
-    other, equally reproducible, examples. The result's ``message`` is the report to show.
+    other, equally reproducible, examples. Short focused searches (each tensor argument made to
+    broadcast; each dtype the main search hardly drew) add a few examples to ``examples_run``.
+    The result's ``message`` is the report to show.
 
-    When a counterexample is found, the search is run again ignoring that kind of difference
-    (values, shape, dtype, ...), so that the report shows one counterexample per kind: fixing
-    the first one does not hide the next.
+    When a counterexample is found, a search with half the examples runs again ignoring that
+    kind of difference (values, shape, dtype, ...), so that the report shows one counterexample
+    per kind: fixing the first one does not hide the next.
     """
     start = time.perf_counter()
     where = f"rule '{rule.name}' ({rule.origin})"
@@ -314,26 +320,61 @@ def check_rule(rule: Rule, *, max_examples: int = DEFAULT_EXAMPLES, seed: int | 
     except RuleDefinitionError as exc:
         return _result(rule, "error", 0, start, f"{where} cannot be checked: {exc}")
     context = _Context(rule, plan, tolerance, max_examples, seed)
-    search = _Search(rule, tolerance)
+    searches: list[_Search] = []
     try:
-        search.run(plan, max_examples, seed)
+        _search(context, searches)
     except (Unsatisfiable, FailedHealthCheck) as exc:
-        return _result(rule, "untestable", search.examples, start, untestable_report(context, exc))
+        return _result(rule, "untestable", _examples(searches), start, untestable_report(context, exc))
     except Flaky as exc:
         message = (f"{where} cannot be checked: it is not deterministic, a failing input passed when tried "
                    f"again ({type(exc).__name__}). Make the pattern and replacement pure functions of their inputs.")
-        return _result(rule, "error", search.examples, start, message)
+        return _result(rule, "error", _examples(searches), start, message)
     except Exception as exc:
-        errors = _leaves(exc)
+        errors, examples = _leaves(exc), _examples(searches)
         found = _counterexamples(errors)
         if not found:
-            return _error(context, errors, search.examples, start)
+            return _error(context, errors, examples, start)
         found = _more_counterexamples(context, found)
-        return _result(rule, "unsound", search.examples, start, unsound_report(context, found, search.examples), found)
-    if search.examples == 0:
+        return _result(rule, "unsound", examples, start, unsound_report(context, found, examples), found)
+    examples = _examples(searches)
+    if examples == 0:
         return _result(rule, "untestable", 0, start, untestable_report(context, None))
-    message = f"rule '{rule.name}' is sound on {search.examples} examples ({where}; domain {plan.domain.describe()})"
-    return _result(rule, "sound", search.examples, start, message)
+    message = f"rule '{rule.name}' is sound on {examples} examples ({where}; domain {plan.domain.describe()})"
+    return _result(rule, "sound", examples, start, message)
+
+
+#: Examples of each focused search after the main one (see :func:`_search`).
+SWEEP_EXAMPLES = 10
+
+
+def _search(context: _Context, searches: list[_Search]) -> None:
+    """Short focused searches around the main one (Hypothesis' draws are correlated, so a shape
+    relation or a dtype can go untried for many examples): first one per tensor argument made
+    to broadcast against the others, then the main search, then one per dtype the main search
+    hardly drew. Raises on a counterexample; ``searches`` keeps every search started, for their
+    example counts."""
+    plan, budget = context.plan, min(SWEEP_EXAMPLES, context.max_examples)
+    for name in plan.broadcastable:
+        _focused_search(context, plan.with_smaller(name), budget, searches)
+    main = _Search(context.rule, context.tolerance)
+    searches.append(main)
+    main.run(plan, context.max_examples, context.seed)
+    for dtype in plan.dtypes:
+        if main.dtypes[dtype] < budget:
+            _focused_search(context, plan.only(dtype), budget, searches)
+
+
+def _focused_search(context: _Context, plan: InputPlan, examples: int, searches: list[_Search]) -> None:
+    search = _Search(context.rule, context.tolerance)
+    searches.append(search)
+    try:
+        search.run(plan, examples, context.seed)
+    except (Unsatisfiable, FailedHealthCheck):
+        pass  # the focus admits no input: nothing to learn here
+
+
+def _examples(searches: Sequence[_Search]) -> int:
+    return sum(s.examples for s in searches)
 
 
 def _counterexamples(errors: Sequence[BaseException]) -> tuple[Counterexample, ...]:
@@ -346,7 +387,7 @@ def _more_counterexamples(context: _Context, found: tuple[Counterexample, ...]) 
     while len(found) < len(_KIND_ORDER):
         search = _Search(context.rule, context.tolerance, known=frozenset(c.kind for c in found))
         try:
-            search.run(context.plan, context.max_examples, context.seed)
+            search.run(context.plan, max(10, context.max_examples // 2), context.seed)
         except Exception as exc:  # any other failure ends the hunt; the first search already reported
             new = _counterexamples(_leaves(exc))
             if new:
@@ -404,7 +445,8 @@ class _Context:
 
     def search_line(self, examples: int) -> str:
         seed = "derandomized" if self.seed is None else f"seed={self.seed}"
-        return f"first counterexample after {examples} example(s), then shrunk (max_examples={self.max_examples}, {seed})"
+        budget = f"max_examples={self.max_examples}, {seed}"
+        return f"first counterexample after {examples} example(s), then shrunk ({budget})"
 
     def rule_line(self) -> str:
         doc = f"  -- {self.rule.doc}" if self.rule.doc else ""

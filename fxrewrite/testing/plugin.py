@@ -124,7 +124,8 @@ class RuleItem(pytest.Item):
     def runtest(self) -> None:
         from fxrewrite.testing.equivalence import check_rule
 
-        result = check_rule(self.rule, max_examples=_examples(self.config), seed=self.config.getoption("fxrewrite_seed"))
+        seed = self.config.getoption("fxrewrite_seed")
+        result = check_rule(self.rule, max_examples=_examples(self.config), seed=seed)
         self.user_properties.append(("fxrewrite", f"{result.verdict}: {result.examples_run} examples"))
         if not result.ok:
             raise RuleCheckFailed(result)

@@ -91,10 +91,10 @@ DOMAIN_KEYS: Mapping[str, str] = {
     "special_values": "also draw nan, inf and -inf (default True)",
     "literals": "{name: sequence of values or a strategy} for literal captures",
     "modules": "{name: zero-argument factory or strategy} for module captures",
-    "inputs": "{name: {dtypes, min_value, max_value, special_values}} for one tensor argument",
+    "inputs": "{name: {dtypes, min_value, max_value, special_values, shape}} for one tensor argument",
 }
 
-_INPUT_KEYS = ("dtypes", "min_value", "max_value", "special_values")
+_INPUT_KEYS = ("dtypes", "min_value", "max_value", "special_values", "shape")
 ShapeMode = Literal["broadcast", "equal"]
 
 
@@ -145,14 +145,32 @@ def _float_elements(dtype: torch.dtype, lo: float | None, hi: float | None, spec
     high = info.max if hi is None else min(float(hi), info.max)
     if low > high:
         raise ValueError(f"min_value={lo!r} is larger than max_value={hi!r} for {dtype}; swap them.")
-    notable = [0.0, 1.0, -1.0, -0.0, 0.5, 2.0, -2.0, info.eps / 2, -info.eps / 2, info.max, -info.max,
-               info.tiny, -info.tiny, info.smallest_normal / 2 ** (info.bits // 2), low, high]
-    values = [v for v in _unique(notable) if low <= v <= high]
+    simple = [0.0, 1.0, -1.0, -0.0, 0.5, 2.0, -2.0, info.eps / 2, -info.eps / 2, low, high]
+    extreme = [info.max, -info.max, info.tiny, -info.tiny, info.smallest_normal / 2 ** (info.bits // 2)]
     non_finite = st.sampled_from([math.inf, -math.inf, math.nan]) if special else st.nothing()
     low, high = _representable(low, width, up=True), _representable(high, width, up=False)
     moderate = st.floats(max(low, -10.0), min(high, 10.0), width=width) if low <= 10 and high >= -10 else st.nothing()
     wide = st.floats(low, high, width=width, allow_nan=False, allow_infinity=False)
-    return st.one_of(st.sampled_from(values) if values else st.nothing(), non_finite, moderate, wide)
+    return st.one_of(_one_of_values(simple, low, high), _one_of_values(extreme, low, high), non_finite,
+                     _small_floats(info, low, high), moderate, wide)
+
+
+def _one_of_values(values: Sequence[Any], low: float, high: float) -> SearchStrategy[Any]:
+    """One of ``values`` that lie in ``[low, high]``, in order of preference."""
+    kept = [v for v in _unique(values) if low <= v <= high]
+    return st.sampled_from(kept) if kept else st.nothing()
+
+
+def _small_floats(info: torch.finfo, low: float, high: float) -> SearchStrategy[float]:
+    """Values close to 0 but not 0, log-uniform in magnitude between the smallest normal and
+    0.1, of either sign: where ``1 + x``, ``exp(x) - 1`` and friends lose digits."""
+    top = min(0.1, max(abs(low), abs(high)))
+    signs = [s for s in (1.0, -1.0) if (high >= info.tiny if s > 0 else low <= -info.tiny)]
+    if top <= info.tiny or not signs:
+        return st.nothing()
+    exponents = st.floats(math.log10(info.tiny), math.log10(top))
+    values = st.tuples(exponents, st.sampled_from(signs)).map(lambda t: t[1] * 10.0 ** t[0])
+    return values.filter(lambda v: low <= v <= high)
 
 
 def _int_elements(dtype: torch.dtype, lo: float | None, hi: float | None) -> SearchStrategy[int]:
@@ -161,19 +179,23 @@ def _int_elements(dtype: torch.dtype, lo: float | None, hi: float | None) -> Sea
     high = info.max if hi is None else min(info.max, math.floor(hi))
     if low > high:
         raise ValueError(f"no {dtype} value lies between min_value={lo!r} and max_value={hi!r}.")
-    values = [v for v in _unique([0, 1, -1, 2, -2, info.max, info.min, low, high]) if low <= v <= high]
+    # 2**24 + 1 and 2**53 + 1 are the first integers that float32 and float64 cannot hold
+    extreme = [info.max, info.min, 2**24 + 1, -(2**24 + 1), 2**53 + 1, -(2**53 + 1)]
     moderate = st.integers(max(low, -10), min(high, 10)) if low <= 10 and high >= -10 else st.nothing()
-    return st.one_of(st.sampled_from(values), moderate, st.integers(low, high))
+    return st.one_of(_one_of_values([0, 1, -1, 2, -2, low, high], low, high), _one_of_values(extreme, low, high),
+                     moderate, st.integers(low, high))
 
 
-@functools.lru_cache(maxsize=512)
 def elements(dtype: torch.dtype, *, min_value: float | None = None, max_value: float | None = None,
              special_values: bool = True) -> SearchStrategy[Any]:
-    """Python numbers that fit ``dtype``, drawn evenly from four groups: notable values (``0``,
-    ``1``, ``-1``, ``-0.0``, ``±0.5``, ``±2``, ``±eps/2`` (lost when added to 1), the dtype's
-    extremes, the smallest normal, a subnormal, the bounds), non-finite values, moderate values
-    in ``[-10, 10]`` and any value in range. ``min_value`` / ``max_value`` bound the finite
-    values; ``special_values`` adds ``nan``, ``inf`` and ``-inf`` (floating dtypes only).
+    """Python numbers that fit ``dtype``. Floats are drawn evenly from six groups: simple values
+    (``0``, ``±1``, ``-0.0``, ``0.5``, ``±2``, ``±eps/2`` (lost when added to 1), the bounds),
+    extremes (``±max``, ``±`` the smallest normal, a subnormal), non-finite values, small values
+    (smallest normal to ``0.1``, either sign), moderate values in ``[-10, 10]`` and any value in
+    range. Integers from four: simple values, extremes (``max``, ``min``, ``±(2**24 + 1)`` and
+    ``±(2**53 + 1)``, which float32 and float64 cannot hold), ``[-10, 10]`` and the range.
+    ``min_value`` / ``max_value`` bound the finite values; ``special_values`` adds ``nan``,
+    ``inf`` and ``-inf`` (floating dtypes only).
 
     >>> from hypothesis import find
     >>> find(elements(torch.float32), lambda v: v != v)
@@ -243,16 +265,14 @@ def _value_lists(dtype: torch.dtype, size: int, lo: float | None, hi: float | No
                      min_size=1, max_size=MAX_DISTINCT_VALUES)
     if not (special and dtype.is_floating_point):
         return drawn.map(lambda values: _cycle(values, size))
-    planted = st.tuples(drawn, st.sampled_from(_PLANTED), st.integers(0, MAX_DISTINCT_VALUES - 1))
-    return planted.map(lambda t: _plant(_cycle(t[0], size), t[1], t[2]))
-
-
-#: A non-finite value put at one position of many float tensors (None: leave it as drawn), so
-#: that nan and inf reach most rules early, whatever else the search does.
-_PLANTED: tuple[float | None, ...] = (None, None, None, None, math.nan, math.inf, -math.inf)
+    planted = st.tuples(drawn, st.booleans(), st.sampled_from((math.nan, math.inf, -math.inf)),
+                        st.integers(0, MAX_DISTINCT_VALUES - 1))
+    return planted.map(lambda t: _plant(_cycle(t[0], size), t[2] if t[1] else None, t[3]))
 
 
 def _plant(values: list[Any], special: float | None, index: int) -> list[Any]:
+    """Put a non-finite value at one position (about every other float tensor gets one), so that
+    nan and inf reach every rule early, whatever else the search does; shrinks to no planting."""
     if special is not None and values:
         values[index % len(values)] = special
     return values
@@ -273,8 +293,8 @@ def tensors(*, dtypes: torch.dtype | Sequence[torch.dtype] | SearchStrategy[torc
 
     >>> from hypothesis import find
     >>> t = find(tensors(dtypes=[torch.float32, torch.int64]), lambda t: t.numel() > 1 and bool(t.isinf().any()))
-    >>> t.shape, t.dtype, t.tolist()
-    (torch.Size([2]), torch.float32, [inf, inf])
+    >>> t.shape, t.dtype, bool(t.isinf().any())
+    (torch.Size([2]), torch.float32, True)
     """
     dtype_strategy = _as_strategy(dtypes, name="dtypes", kind=torch.dtype)
     if shapes is None:
@@ -326,6 +346,7 @@ class TensorDomain:
     min_value: float | None
     max_value: float | None
     special_values: bool
+    shape: tuple[int, ...] | None = None
 
 
 @attrs.frozen
@@ -363,6 +384,7 @@ class Domain:
             min_value=own.get("min_value", self.min_value),
             max_value=own.get("max_value", self.max_value),
             special_values=own.get("special_values", self.special_values),
+            shape=tuple(own["shape"]) if "shape" in own else None,
         )
 
     def describe(self) -> str:
@@ -383,7 +405,9 @@ def _show_declaration(declared: Mapping[str, Any]) -> str:
             return "{" + ", ".join(f"{k!r}: {show(x)}" for k, x in v.items()) + "}"
         if isinstance(v, (tuple, list)):
             inner = ", ".join(show(x) for x in v)
-            return f"({inner},)" if isinstance(v, tuple) and len(v) == 1 else (f"({inner})" if isinstance(v, tuple) else f"[{inner}]")
+            if isinstance(v, list):
+                return f"[{inner}]"
+            return f"({inner},)" if len(v) == 1 else f"({inner})"
         if callable(v) and not isinstance(v, (torch.dtype, SearchStrategy)):
             return getattr(v, "__qualname__", repr(v))
         return repr(v)
@@ -413,6 +437,11 @@ def _parse_option(key: str, value: Any, where: str) -> Any:
     return _parse_mapping_option(key, value, where)
 
 
+def _is_shape(value: Any) -> bool:
+    return isinstance(value, (tuple, list)) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                                    for v in value)
+
+
 def _parse_mapping_option(key: str, value: Any, where: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise RuleDefinitionError(f"{where}: domain['{key}'] must be a dict keyed by parameter name, got {value!r}.")
@@ -423,6 +452,9 @@ def _parse_mapping_option(key: str, value: Any, where: str) -> Mapping[str, Any]
             _check_keys(own, _INPUT_KEYS, f"domain['inputs']['{name}']", where)
             if "dtypes" in own:
                 _dtypes(own["dtypes"], f"domain['inputs']['{name}']['dtypes']", where)
+            if "shape" in own and not _is_shape(own["shape"]):
+                raise RuleDefinitionError(f"{where}: domain['inputs']['{name}']['shape'] must be a tuple of sizes, "
+                                          f"e.g. () or (2, 3); got {own['shape']!r}.")
     return dict(value)
 
 
@@ -535,6 +567,8 @@ class InputPlan:
     configs: tuple[_Config, ...] = ()
     probe_failure: str | None = None
     harness: GuardHarness | None = None
+    #: A tensor argument that always broadcasts (one dimension or more fewer than the others).
+    smaller: str | None = None
 
     @property
     def where(self) -> str:
@@ -544,6 +578,21 @@ class InputPlan:
     def dtypes(self) -> tuple[torch.dtype, ...]:
         """Dtypes on which the pattern was seen to run."""
         return tuple(_unique(c.dtype for c in self.configs))
+
+    @property
+    def broadcastable(self) -> tuple[str, ...]:
+        """Tensor arguments whose shapes may differ from the others' (by broadcasting)."""
+        names = tuple(p.name for p in self.tensors if _shape_varies(self, p))
+        return names if len(names) > 1 else ()
+
+    def with_smaller(self, name: str) -> InputPlan:
+        """This plan, where tensor argument ``name`` always has fewer dimensions than the others
+        (when they have any)."""
+        return attrs.evolve(self, smaller=name)
+
+    def only(self, dtype: torch.dtype) -> InputPlan:
+        """This plan, drawing tensors of ``dtype`` only (where the domain does not fix them)."""
+        return attrs.evolve(self, configs=tuple(c for c in self.configs if c.dtype == dtype))
 
     def ranks(self, dtype: torch.dtype) -> tuple[int, ...]:
         """Ranks on which the pattern was seen to run for ``dtype``, ascending."""
@@ -639,8 +688,9 @@ def _modules(draw: Any, plan: InputPlan) -> dict[str, nn.Module]:
             kernel = draw(st.integers(1, min(3, max(1, width))))
             bias = draw(st.booleans())
             seed = draw(st.integers(0, 2**16 - 1))
-            module = _seeded(seed, lambda: source() if source is not None else
-                             default_module(param.annotation, width=width, kernel=kernel, bias=bias))
+            make = source if source is not None else functools.partial(
+                default_module, param.annotation, width=width, kernel=kernel, bias=bias)
+            module = _seeded(seed, make)
         if not isinstance(module, param.annotation):
             raise RuleDefinitionError(
                 f"{plan.where}: the module drawn for '{param.name}' is a {type(module).__name__}, "
@@ -670,17 +720,20 @@ def _base_shape(plan: InputPlan, shape: Sequence[int], modules: Mapping[str, nn.
 
 
 @st.composite
-def _related_shape(draw: Any, base: tuple[int, ...], max_rank: int) -> tuple[int, ...]:
+def _related_shape(draw: Any, base: tuple[int, ...], max_rank: int, smaller: bool) -> tuple[int, ...]:
     """``base``, or (shrinking towards ``base``) a shape that broadcasts to it: leading
-    dimensions dropped, some dimensions set to 1. The draws do not depend on ``base``'s rank, so
-    the shrinker can remove a dimension without disturbing what is drawn after."""
+    dimensions dropped, some dimensions set to 1 (``smaller``: always at least one dimension
+    dropped). The draws do not depend on ``base``'s rank, so the shrinker can remove a dimension
+    without disturbing what is drawn after."""
     broadcast = draw(st.booleans(), label="broadcast")
     drop = draw(st.integers(0, max_rank))
     ones = draw(st.lists(st.booleans(), min_size=max_rank, max_size=max_rank))
+    if smaller:
+        broadcast, drop = True, max(drop, 1)
     if not broadcast:
         return base
     kept = base[min(drop, len(base)):]
-    return tuple(1 if one else side for one, side in zip(ones, kept))
+    return tuple(1 if one else side for one, side in zip(ones, kept, strict=False))
 
 
 def _tensor_dtypes(plan: InputPlan, param: Param) -> tuple[torch.dtype, ...]:
@@ -690,12 +743,16 @@ def _tensor_dtypes(plan: InputPlan, param: Param) -> tuple[torch.dtype, ...]:
 
 @st.composite
 def _tensor_inputs(draw: Any, plan: InputPlan, config: _Config, base: tuple[int, ...]) -> dict[str, torch.Tensor]:
+    """The tensor arguments: by default all of ``base``'s shape and ``config``'s dtype; shrinking
+    leads there from shapes that broadcast to ``base`` and from mixed dtypes."""
     mixed = plan.domain.mixed_dtypes and len(plan.tensors) > 1 and draw(st.booleans(), label="mixed dtypes")
+    related = plan.broadcastable
     out = {}
     for param in plan.tensors:
         own = plan.domain.tensor_domain(param.name)
-        related = param.name not in plan.consumers and len(plan.tensors) > 1 and plan.domain.shapes == "broadcast"
-        shape = draw(_related_shape(base, plan.domain.ranks[1])) if related else base
+        fixed = own.shape if own.shape is not None else base
+        smaller = param.name == plan.smaller
+        shape = draw(_related_shape(base, plan.domain.ranks[1], smaller)) if param.name in related else fixed
         if own.dtypes is not None:
             dtype = draw(st.sampled_from(own.dtypes))
         else:
@@ -709,6 +766,13 @@ def _tensor_inputs(draw: Any, plan: InputPlan, config: _Config, base: tuple[int,
     return out
 
 
+def _shape_varies(plan: InputPlan, param: Param) -> bool:
+    """Whether ``param``'s shape may differ from the base shape (else it is the base shape, or
+    the shape its domain fixes)."""
+    return (plan.domain.shapes == "broadcast" and param.name not in plan.consumers
+            and plan.domain.tensor_domain(param.name).shape is None)
+
+
 def _literal_strategy(plan: InputPlan, param: Param) -> SearchStrategy[Any]:
     declared = plan.domain.literals.get(param.name)
     if declared is not None:
@@ -719,8 +783,8 @@ def _literal_strategy(plan: InputPlan, param: Param) -> SearchStrategy[Any]:
     if ann is int:
         return st.integers(-4, 4)
     if ann is float:
-        notable = [0.0, 1.0, -1.0, 0.5, 2.0, -0.0] + ([math.inf, -math.inf, math.nan] if plan.domain.special_values else [])
-        return st.one_of(st.sampled_from(notable), st.floats(-10.0, 10.0))
+        non_finite = st.sampled_from([math.inf, -math.inf, math.nan]) if plan.domain.special_values else st.nothing()
+        return st.one_of(st.sampled_from([0.0, 1.0, -1.0, 0.5, 2.0, -0.0]), non_finite, st.floats(-10.0, 10.0))
     if ann is str:
         return st.sampled_from(_STRING_LITERALS)
     return st.sampled_from(_DTYPE_LITERALS)
@@ -734,6 +798,8 @@ def _raw_inputs(draw: Any, plan: InputPlan) -> dict[str, Any]:
     sides = draw(st.lists(st.integers(*plan.domain.sides), min_size=ranks[0], max_size=ranks[-1]))
     if len(sides) not in ranks:
         reject()
+    if draw(st.booleans(), label="square") and sides:
+        sides = [sides[0]] * len(sides)  # matmul-like patterns need equal sizes
     config = _Config(dtype, len(sides))
     base = _base_shape(plan, sides, modules)
     values = draw(_tensor_inputs(plan, config, base))
@@ -773,7 +839,8 @@ def inputs_for(rule: Rule, *, domain: Mapping[str, Any] | None = None) -> Search
 # -- running the pattern and the guards -----------------------------------------------------------
 
 
-def call_rule_function(fn: Callable[..., Any], inputs: Mapping[str, Any], *, rng_seed: int = 0) -> tuple[Any, dict[str, Any]]:
+def call_rule_function(fn: Callable[..., Any], inputs: Mapping[str, Any], *,
+                       rng_seed: int = 0) -> tuple[Any, dict[str, Any]]:
     """Call a pattern or replacement eagerly on fresh copies of ``inputs`` (so in-place
     operations cannot leak), with the random generator seeded, without autograd. Returns the
     result and the copies (to see what the call modified)."""
@@ -893,7 +960,8 @@ def _probe_literals(plan: InputPlan) -> list[dict[str, Any]]:
     for param in plan.literals:
         declared = plan.domain.literals.get(param.name)
         if declared is not None and not isinstance(declared, SearchStrategy):
-            choices[param.name] = (declared,) if isinstance(declared, (str, bytes)) or not isinstance(declared, Iterable) else tuple(declared)
+            single = isinstance(declared, (str, bytes)) or not isinstance(declared, Iterable)
+            choices[param.name] = (declared,) if single else tuple(declared)
         else:
             choices[param.name] = _PROBE_LITERALS[param.annotation]
     count = max((len(c) for c in choices.values()), default=1)
@@ -918,7 +986,8 @@ def _probe_modules(plan: InputPlan, width: int) -> dict[str, nn.Module]:
 def _probe(plan: InputPlan) -> tuple[tuple[_Config, ...], str | None]:
     """The (dtype, rank) configurations on which the pattern runs for some simple input, in
     order of preference; all of them (and the first error) when none does."""
-    candidates = [_Config(d, r) for d in plan.domain.dtypes for r in range(plan.domain.ranks[0], plan.domain.ranks[1] + 1)]
+    low_rank, high_rank = plan.domain.ranks
+    candidates = [_Config(d, r) for d in plan.domain.dtypes for r in range(low_rank, high_rank + 1)]
     low, high = plan.domain.sides
     sides = _unique([min(max(2, low), high), low, high])
     modules = _probe_modules(plan, sides[0])
@@ -929,7 +998,8 @@ def _probe(plan: InputPlan) -> tuple[tuple[_Config, ...], str | None]:
     for config in candidates:
         for side in sides:
             base = _base_shape(plan, [side] * config.rank, modules)
-            tensors_ = {p.name: _probe_tensor(_probe_dtype(plan, p, config), base) for p in plan.tensors}
+            tensors_ = {p.name: _probe_tensor(_probe_dtype(plan, p, config), _probe_shape(plan, p, base))
+                        for p in plan.tensors}
             ok, error = _probe_once(plan, tensors_, modules, literal_choices)
             first_error = first_error or error
             if ok:
@@ -938,6 +1008,11 @@ def _probe(plan: InputPlan) -> tuple[tuple[_Config, ...], str | None]:
     if accepted:
         return tuple(accepted), None
     return tuple(candidates), first_error
+
+
+def _probe_shape(plan: InputPlan, param: Param, base: tuple[int, ...]) -> tuple[int, ...]:
+    own = plan.domain.tensor_domain(param.name).shape
+    return base if own is None else own
 
 
 def _probe_dtype(plan: InputPlan, param: Param, config: _Config) -> torch.dtype:

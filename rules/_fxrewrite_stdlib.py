@@ -1,0 +1,121 @@
+"""Helpers shared by the Python files of the standard rule library.
+
+Not a rule file: the loader skips files whose name starts with ``_``; the rule files import it
+as ``_fxrewrite_stdlib`` (the loader puts this directory on ``sys.path`` while it imports them).
+
+Guards come in two strengths:
+
+* *strict* guards need shape/dtype metadata and return False without it, so the rule only
+  fires when the caller passed ``example_inputs=`` to :func:`fxrewrite.rewrite` (or rewrites a
+  ``torch.export`` graph). Used where the pattern is common and the rewrite is wrong for
+  ordinary inputs (``F.linear(x, w) + b`` where ``b`` is a residual, not a bias).
+* *soft* guards check metadata when the graph has it and let the rule fire when it does not;
+  the rule then also declares the same restriction as its ``domain`` (floating-point inputs,
+  ranks >= 2, ...) for the property checker. Used where the excluded inputs are unusual in
+  practice (integer tensors through an activation function).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from fxrewrite import Match, MetadataError, TensorView
+
+Guard = Callable[[Match], bool]
+
+#: Floating-point dtypes the property checker draws for rules restricted to them.
+FLOATS: tuple[torch.dtype, ...] = (torch.float32, torch.float64)
+
+#: Domain of rules that are exact only on floating-point tensors.
+FLOAT_DOMAIN: dict[str, Any] = {"dtypes": FLOATS}
+
+#: Tolerance of rules that trade one floating-point evaluation order for another.
+REASSOCIATED = {"rtol": 1e-4, "atol": 1e-5}
+
+
+def view(m: Match, name: str) -> TensorView | None:
+    """``m[name]`` when the graph carries shape/dtype metadata for it, else ``None``."""
+    tensor = m[name]
+    try:
+        _ = tensor.dtype  # raises MetadataError when the graph carries no metadata
+    except MetadataError:
+        return None
+    return tensor
+
+
+def _named(guard: Guard, name: str) -> Guard:
+    guard.__name__ = guard.__qualname__ = name
+    return guard
+
+
+def floating(*names: str) -> Guard:
+    """Soft guard: the tensors ``names`` are floating point (or their dtype is unknown)."""
+
+    def guard(m: Match) -> bool:
+        return all((t := view(m, n)) is None or t.dtype.is_floating_point for n in names)
+
+    return _named(guard, f"floating({', '.join(names)})")
+
+
+def rank_at_least(rank: int, *names: str) -> Guard:
+    """Soft guard: the tensors ``names`` have at least ``rank`` dimensions (or an unknown rank)."""
+
+    def guard(m: Match) -> bool:
+        return all((t := view(m, n)) is None or t.dim() >= rank for n in names)
+
+    return _named(guard, f"rank_at_least({rank}, {', '.join(names)})")
+
+
+def literal_equals(name: str, value: float, *, rel: float = 0.0) -> Guard:
+    """The literal capture ``name`` is ``value`` (within a relative ``rel``, for constants
+    such as sqrt(2/pi) that code spells with more or fewer digits)."""
+
+    def guard(m: Match) -> bool:
+        got = m[name]
+        return got == value if rel == 0.0 else math.isclose(got, value, rel_tol=rel)
+
+    return _named(guard, f"{name} == {value!r}")
+
+
+def finite(*names: str) -> Guard:
+    """The literal captures ``names`` are finite numbers."""
+
+    def guard(m: Match) -> bool:
+        return all(math.isfinite(m[n]) for n in names)
+
+    return _named(guard, f"finite({', '.join(names)})")
+
+
+def positive(*names: str) -> Guard:
+    """The literal captures ``names`` are finite and > 0."""
+
+    def guard(m: Match) -> bool:
+        return all(math.isfinite(m[n]) and m[n] > 0 for n in names)
+
+    return _named(guard, f"positive({', '.join(names)})")
+
+
+def feature_vector(vector: str, of: str, *, dim: int = -1) -> Guard:
+    """Strict guard: ``vector`` is 1-D, as long as dimension ``dim`` of ``of``, and of ``of``'s
+    dtype: it broadcasts along ``dim`` only, and never changes the result's shape or dtype."""
+
+    def guard(m: Match) -> bool:
+        v, t = view(m, vector), view(m, of)
+        if v is None or t is None or t.dim() == 0:
+            return False
+        return v.dim() == 1 and v.shape[0] == t.shape[dim] and v.dtype == t.dtype
+
+    return _named(guard, f"feature_vector({vector}, of={of}, dim={dim})")
+
+
+def sqrt(d: Any) -> Any:
+    """``math.sqrt(d)``, recorded as a graph node when ``d`` is a Proxy (a replacement runs on
+    Proxies when it is spliced in, and on real values when a rule is property-tested)."""
+    if isinstance(d, fx.Proxy):
+        return d.tracer.create_proxy("call_function", math.sqrt, (d,), {})
+    return math.sqrt(d)

@@ -1,0 +1,214 @@
+"""Scaled dot-product attention spelled out, replaced by ``F.scaled_dot_product_attention``.
+
+The patterns use one spelling; the matcher's canonical ops cover the others
+(``torch.matmul`` / ``@`` / ``.matmul``; ``F.softmax(s, dim=-1)`` / ``torch.softmax(s, -1)`` /
+``s.softmax(-1)``), and layout rules at priority 20 first turn ``k.mT`` and
+``k.transpose(-1, -2)`` into ``k.transpose(-2, -1)``, and ``q.shape[-1]`` into ``q.size(-1)``. The scale is a literal capture (``* 0.125``,
+``/ 8.0``, ``/ math.sqrt(64)`` all trace to a constant) or computed in the graph from a size,
+``/ math.sqrt(q.size(-1))``, which the replacement computes the same way.
+
+Priority 10: attention is matched before the small rules that could rewrite a piece of it.
+
+Soundness. ``scaled_dot_product_attention`` broadcasts batch dimensions like ``@`` does, but
+needs ``q`` and ``v`` with at least 2 dimensions (``softmax(...) @ v`` also accepts a 1-d
+``v``): a soft guard checks ranks when the graph has shapes, and the domain declares them.
+It computes ``softmax(q @ k^T * scale) @ v`` in another order (declared tolerance), and
+handles overflowing scores and non-finite inputs differently, so the domain is finite inputs
+of moderate size.
+
+Masks. An additive mask becomes ``attn_mask`` only when it has the scores' floating dtype, at
+least 2 dimensions, and broadcasts to the scores without enlarging them: a strict guard, so
+the masked rules fire only when the graph has shapes (``example_inputs=``). A row masked
+entirely with ``-inf`` gives nan in the formula and 0 in ``scaled_dot_product_attention``;
+the domain (finite masks) leaves such rows out.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+import fxrewrite
+from _fxrewrite_stdlib import FLOATS, finite, literal_equals, rank_at_least, sqrt, view
+
+PRIORITY = 10
+_TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
+_DOMAIN = {"dtypes": FLOATS, "mixed_dtypes": False, "ranks": (2, 4), "sides": (1, 4),
+           "special_values": False, "min_value": -4.0, "max_value": 4.0}
+_RANKS = rank_at_least(2, "q", "v")
+
+
+def _nonzero(name: str):
+    def guard(m: fxrewrite.Match) -> bool:
+        return math.isfinite(m[name]) and m[name] != 0
+
+    guard.__name__ = guard.__qualname__ = f"finite_nonzero({name})"
+    return guard
+
+
+def _scalar_domain(**literals: tuple) -> dict:
+    return {**_DOMAIN, "literals": literals}
+
+
+# ---- the scale is a constant -------------------------------------------------------------------
+
+
+@fxrewrite.rule(priority=PRIORITY, where=(finite("s"), _RANKS), tolerance=_TOLERANCE,
+                domain=_scalar_domain(s=(0.125, 0.5, 1.0, 2.0, -0.25)))
+def attention_scaled(q, k, v, s: float):
+    "Replaces softmax(q @ k.transpose(-2, -1) * s, -1) @ v by scaled_dot_product_attention(q, k, v, scale=s)."
+    return torch.softmax(q @ k.transpose(-2, -1) * s, -1) @ v
+
+
+@attention_scaled.replacement
+def attention_scaled(q, k, v, s: float):  # noqa: F811 - the decorator turns the pair into one Rule
+    return F.scaled_dot_product_attention(q, k, v, scale=float(s))
+
+
+@fxrewrite.rule(priority=PRIORITY, where=(_nonzero("s"), _RANKS), tolerance=_TOLERANCE,
+                domain=_scalar_domain(s=(8.0, 2.0, math.sqrt(3.0), 1.0, 0.5)))
+def attention_divided(q, k, v, s: float):
+    "Replaces softmax(q @ k.transpose(-2, -1) / s, -1) @ v by scaled_dot_product_attention(q, k, v, scale=1 / s)."
+    return torch.softmax(q @ k.transpose(-2, -1) / s, -1) @ v
+
+
+@attention_divided.replacement
+def attention_divided(q, k, v, s: float):  # noqa: F811
+    return F.scaled_dot_product_attention(q, k, v, scale=1.0 / s)
+
+
+@fxrewrite.rule(priority=PRIORITY, where=(finite("s"), _RANKS), tolerance=_TOLERANCE,
+                domain=_scalar_domain(s=(0.125, 0.5, 1.0, 2.0, -0.25)))
+def attention_prescaled(q, k, v, s: float):
+    "Replaces softmax((q * s) @ k.transpose(-2, -1), -1) @ v by scaled_dot_product_attention(q, k, v, scale=s)."
+    return torch.softmax((q * s) @ k.transpose(-2, -1), -1) @ v
+
+
+@attention_prescaled.replacement
+def attention_prescaled(q, k, v, s: float):  # noqa: F811
+    return F.scaled_dot_product_attention(q, k, v, scale=float(s))
+
+
+@fxrewrite.rule(priority=PRIORITY, where=_RANKS, tolerance=_TOLERANCE, domain=_DOMAIN)
+def attention_unscaled(q, k, v):
+    "Replaces softmax(q @ k.transpose(-2, -1), -1) @ v by scaled_dot_product_attention(q, k, v, scale=1.0)."
+    return torch.softmax(q @ k.transpose(-2, -1), -1) @ v
+
+
+@attention_unscaled.replacement
+def attention_unscaled(q, k, v):  # noqa: F811
+    return F.scaled_dot_product_attention(q, k, v, scale=1.0)
+
+
+@fxrewrite.rule(priority=PRIORITY, where=finite("s"), tolerance=_TOLERANCE,
+                domain={**_scalar_domain(s=(0.125, 0.5, 1.0, 2.0)), "ranks": (3, 3)})
+def attention_bmm(q, k, v, s: float):
+    "Replaces bmm(softmax(bmm(q, k.transpose(1, 2)) * s, -1), v) by scaled_dot_product_attention(q, k, v, scale=s)."
+    return torch.bmm(torch.softmax(torch.bmm(q, k.transpose(1, 2)) * s, -1), v)
+
+
+@attention_bmm.replacement
+def attention_bmm(q, k, v, s: float):  # noqa: F811
+    # bmm takes 3-d tensors only, where transpose(1, 2) is transpose(-2, -1).
+    return F.scaled_dot_product_attention(q, k, v, scale=float(s))
+
+
+# ---- the scale is 1 / sqrt(head dimension), computed in the graph ------------------------------
+# `t` is whichever tensor the code takes the size of (q, k, or another): the replacement computes
+# the same scale from it, so the rule holds whatever t is. (t.shape[-1] is first turned into
+# t.size(-1) by a layout rule.)
+
+_DIM_DOMAIN = {**_DOMAIN, "shapes": "broadcast"}
+
+
+@fxrewrite.rule(priority=PRIORITY, where=_RANKS, tolerance=_TOLERANCE, domain=_DIM_DOMAIN)
+def attention_sqrt_dim(q, k, v, t):
+    "Replaces softmax(q @ k.transpose(-2, -1) / math.sqrt(t.size(-1)), -1) @ v by scaled_dot_product_attention(q, k, v, scale=1 / math.sqrt(t.size(-1)))."
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(t.size(-1)), -1) @ v
+
+
+@attention_sqrt_dim.replacement
+def attention_sqrt_dim(q, k, v, t):  # noqa: F811
+    return F.scaled_dot_product_attention(q, k, v, scale=1.0 / sqrt(t.size(-1)))
+
+
+@fxrewrite.rule(priority=PRIORITY, where=(literal_equals("one", 1), _RANKS), tolerance=_TOLERANCE,
+                domain={**_DIM_DOMAIN, "literals": {"one": (1.0, 1)}})
+def attention_inverse_sqrt_dim(q, k, v, t, one: float):
+    "Replaces softmax(q @ k.transpose(-2, -1) * (1 / math.sqrt(t.size(-1))), -1) @ v by scaled_dot_product_attention(q, k, v, scale=1 / math.sqrt(t.size(-1)))."
+    return torch.softmax(q @ k.transpose(-2, -1) * (one / math.sqrt(t.size(-1))), -1) @ v
+
+
+@attention_inverse_sqrt_dim.replacement
+def attention_inverse_sqrt_dim(q, k, v, t, one: float):  # noqa: F811
+    return F.scaled_dot_product_attention(q, k, v, scale=one / sqrt(t.size(-1)))
+
+
+# ---- additive mask -------------------------------------------------------------------------------
+
+
+def _mask_fits(m: fxrewrite.Match) -> bool:
+    """Strict guard: the mask has the scores' dtype, at least 2 dimensions, and broadcasts to the
+    scores' shape without enlarging it (what scaled_dot_product_attention requires of attn_mask)."""
+    q, k, v, mask = (view(m, n) for n in ("q", "k", "v", "mask"))
+    if q is None or k is None or v is None or mask is None or min(q.dim(), k.dim(), v.dim(), mask.dim()) < 2:
+        return False
+    if mask.dtype != q.dtype or not mask.dtype.is_floating_point:
+        return False
+    try:
+        scores = (*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]), q.shape[-2], k.shape[-2])
+        return torch.broadcast_shapes(scores, mask.shape) == torch.Size(scores)
+    except RuntimeError:
+        return False
+
+
+_MASKED_DOMAIN = {**_DOMAIN, "shapes": "broadcast"}
+
+
+@fxrewrite.rule(priority=PRIORITY, where=(finite("s"), _mask_fits), tolerance=_TOLERANCE,
+                domain={**_MASKED_DOMAIN, "literals": {"s": (0.125, 0.5, 1.0, 2.0)}})
+def attention_masked(q, k, v, mask, s: float):
+    "Replaces softmax(q @ k.transpose(-2, -1) * s + mask, -1) @ v by scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=s)."
+    return torch.softmax(q @ k.transpose(-2, -1) * s + mask, -1) @ v
+
+
+@attention_masked.replacement
+def attention_masked(q, k, v, mask, s: float):  # noqa: F811
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=float(s))
+
+
+@fxrewrite.rule(priority=PRIORITY, where=(_nonzero("s"), _mask_fits), tolerance=_TOLERANCE,
+                domain={**_MASKED_DOMAIN, "literals": {"s": (8.0, 2.0, 1.0, 0.5)}})
+def attention_masked_divided(q, k, v, mask, s: float):
+    "Replaces softmax(q @ k.transpose(-2, -1) / s + mask, -1) @ v by scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1 / s)."
+    return torch.softmax(q @ k.transpose(-2, -1) / s + mask, -1) @ v
+
+
+@attention_masked_divided.replacement
+def attention_masked_divided(q, k, v, mask, s: float):  # noqa: F811
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / s)
+
+
+@fxrewrite.rule(priority=PRIORITY, where=_mask_fits, tolerance=_TOLERANCE, domain=_MASKED_DOMAIN)
+def attention_masked_sqrt_dim(q, k, v, mask, t):
+    "Replaces softmax(q @ k.transpose(-2, -1) / math.sqrt(t.size(-1)) + mask, -1) @ v by scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1 / math.sqrt(t.size(-1)))."
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(t.size(-1)) + mask, -1) @ v
+
+
+@attention_masked_sqrt_dim.replacement
+def attention_masked_sqrt_dim(q, k, v, mask, t):  # noqa: F811
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / sqrt(t.size(-1)))
+
+
+@fxrewrite.rule(priority=PRIORITY, where=(literal_equals("one", 1), _mask_fits), tolerance=_TOLERANCE,
+                domain={**_MASKED_DOMAIN, "literals": {"one": (1.0, 1)}})
+def attention_masked_inverse_sqrt_dim(q, k, v, mask, t, one: float):
+    "Replaces softmax(q @ k.transpose(-2, -1) * (1 / math.sqrt(t.size(-1))) + mask, -1) @ v by scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1 / math.sqrt(t.size(-1)))."
+    return torch.softmax(q @ k.transpose(-2, -1) * (one / math.sqrt(t.size(-1))) + mask, -1) @ v
+
+
+@attention_masked_inverse_sqrt_dim.replacement
+def attention_masked_inverse_sqrt_dim(q, k, v, mask, t, one: float):  # noqa: F811
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=one / sqrt(t.size(-1)))

@@ -1,0 +1,1 @@
+collect_ignore = ["data"]  # deliberately unsound rule fixtures, not rules to property-test

@@ -1,0 +1,284 @@
+"""fxrewrite.testing.check_rule: verdicts, shrinking, reports, guards, declarations."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from fxrewrite import Rule
+from fxrewrite.errors import NotEquivalent
+from fxrewrite.testing import CheckResult, Tolerance, assert_rule_equivalent, check_rule, evaluate
+
+EXAMPLES = 60
+
+
+def rule(pattern, replacement, name="r", **kw):
+    return Rule.from_functions(pattern, replacement, name=name, **kw)
+
+
+DOUBLE_NEG = rule(lambda x: torch.neg(torch.neg(x)), lambda x: x, name="double_neg")
+DIV_SELF = rule(lambda x: x / x, lambda x: torch.ones_like(x), name="div_self")
+FLOATS = {"dtypes": (torch.float32, torch.float64)}
+
+
+# -- verdicts ---------------------------------------------------------------------------------
+
+
+def test_a_sound_rule_passes_every_example():
+    result = check_rule(DOUBLE_NEG, max_examples=EXAMPLES)
+    assert isinstance(result, CheckResult)
+    assert result.ok and result.verdict == "sound" and result.counterexample is None
+    assert result.examples_run >= EXAMPLES and result.seconds > 0
+    assert result.message.startswith(f"rule 'double_neg' is sound on {result.examples_run} examples")
+
+
+def test_an_unsound_rule_gets_a_counterexample_shrunk_to_one_element():
+    result = check_rule(DIV_SELF, max_examples=EXAMPLES)
+    assert not result.ok and result.verdict == "unsound"
+    x = result.counterexample["x"]
+    assert x.numel() == 1 and x.dtype == torch.float32 and x.item() == 0.0
+    assert 1 <= result.examples_run <= EXAMPLES
+
+
+def test_special_values_are_found():
+    mul_zero = rule(lambda x: x * 0.0, lambda x: torch.zeros_like(x), name="mul_zero",
+                    domain={"dtypes": (torch.float32,)})
+    x = check_rule(mul_zero, max_examples=EXAMPLES).counterexample["x"]
+    assert x.numel() == 1 and not math.isfinite(x.item())
+
+
+def test_one_counterexample_per_kind_of_difference():
+    mul_zero = rule(lambda x: x * 0, lambda x: torch.zeros_like(x), name="mul_zero")
+    result = check_rule(mul_zero, max_examples=100)
+    kinds = [c.kind for c in result.counterexamples]
+    assert kinds == ["values", "dtype"]
+    assert result.counterexamples[1].inputs["x"].dtype == torch.bool
+    assert "another counterexample: the replacement returns a different dtype" in result.message
+
+
+def test_broadcasting_differences_are_found():
+    add_sub = rule(lambda x, y: x + y - y, lambda x, y: x, name="add_sub",
+                   domain={**FLOATS, "special_values": False, "min_value": -100, "max_value": 100})
+    result = check_rule(add_sub, max_examples=100)
+    shape = next(c for c in result.counterexamples if c.kind == "shape")
+    assert shape.inputs["x"].dim() < shape.inputs["y"].dim() or shape.inputs["x"].shape != shape.inputs["y"].shape
+    assert "shapes differ: pattern" in shape.problem
+
+
+def test_a_replacement_that_raises_is_a_counterexample():
+    def replacement(x):
+        return torch.mm(x.reshape(-1), x)  # mm needs matrices
+
+    result = check_rule(rule(lambda x: torch.neg(x), replacement, name="mm"), max_examples=EXAMPLES)
+    assert result.verdict == "unsound"
+    assert result.message.startswith("rule 'mm' is unsound: the replacement raises where the pattern does not")
+    assert "replacement -> raised RuntimeError:" in result.message
+
+
+def test_inputs_are_not_modified_by_the_check():
+    x = torch.zeros(2)
+    counterexample = evaluate(DIV_SELF, {"x": x})
+    assert counterexample.kind == "values" and torch.equal(x, torch.zeros(2))
+
+
+def test_the_random_generator_is_seeded_identically_for_both_sides():
+    def pattern(x, drop: nn.Dropout):
+        return drop(x)
+
+    def replacement(x, drop: nn.Dropout):
+        return nn.functional.dropout(x, drop.p, training=drop.training)
+
+    dropout = rule(pattern, replacement, name="dropout",
+                   domain={**FLOATS, "modules": {"drop": lambda: nn.Dropout(0.5).train()}})
+    assert check_rule(dropout, max_examples=30).ok
+
+
+def test_the_search_is_deterministic_and_a_seed_changes_it():
+    wrong = rule(lambda x: torch.exp(torch.log(x)), lambda x: x, name="exp_log", domain=FLOATS)
+    first, second = check_rule(wrong, max_examples=EXAMPLES), check_rule(wrong, max_examples=EXAMPLES)
+    assert first.message.splitlines()[:8] == second.message.splitlines()[:8]
+    seeded = [check_rule(wrong, max_examples=EXAMPLES, seed=s) for s in (1, 1, 2)]
+    assert seeded[0].message.splitlines()[:8] == seeded[1].message.splitlines()[:8]
+    assert all(not r.ok for r in seeded)
+    assert "seed=1" in seeded[0].message and "derandomized" in first.message
+
+
+def test_dtypes_the_main_search_hardly_drew_get_examples_of_their_own():
+    seen = set()
+
+    def pattern(x):
+        seen.add(x.dtype)
+        return torch.neg(x)
+
+    result = check_rule(rule(pattern, lambda x: torch.neg(x), name="neg"), max_examples=5)
+    assert result.ok and result.examples_run > 5
+    assert {torch.float32, torch.float64, torch.int64, torch.int32, torch.uint8} <= seen
+
+
+def test_torch_thread_count_is_restored():
+    threads = torch.get_num_threads()
+    check_rule(DOUBLE_NEG, max_examples=5)
+    assert torch.get_num_threads() == threads
+
+
+# -- the report -------------------------------------------------------------------------------
+
+
+def test_report_shows_inputs_outputs_difference_and_where_the_rule_is():
+    message = check_rule(DIV_SELF, max_examples=EXAMPLES).message
+    lines = message.splitlines()
+    assert lines[0] == ("rule 'div_self' is unsound: the replacement computes different values "
+                        "(and 1 more kind of difference below)")
+    assert lines[1].startswith("  rule:        div_self at ") and "test_check_rule.py:" in lines[1]
+    assert "    x = torch.tensor(0.0, dtype=torch.float32)  # shape ()" in lines
+    assert "  pattern     -> torch.tensor(nan, dtype=torch.float32)  # shape ()" in lines
+    assert "  replacement -> torch.tensor(1.0, dtype=torch.float32)  # shape ()" in lines
+    assert ("  difference:  values differ at 1 of 1 elements (rtol=1.3e-06, atol=1e-05): at index () pattern nan, "
+            "replacement 1.0") in lines
+    assert any(line.startswith("  search:      first counterexample after ") for line in lines)
+    assert lines[-1].startswith("  fix:")
+
+
+def test_report_shows_the_declared_tolerance_and_domain():
+    gelu = rule(lambda x: nn.functional.gelu(x), lambda x: nn.functional.gelu(x, approximate="tanh"), name="gelu_tanh",
+                tolerance={"atol": 1e-5}, domain={"dtypes": (torch.float64,), "special_values": False})
+    message = check_rule(gelu, max_examples=EXAMPLES).message
+    assert "  tolerance:   declared {'atol': 1e-05} (for torch.float64: rtol=1e-07, atol=1e-05)" in message
+    assert "  domain:      declared {'dtypes': (torch.float64,), 'special_values': False} -> dtypes float64" in message
+
+
+def test_report_shows_default_tolerance_and_domain():
+    message = check_rule(DIV_SELF, max_examples=EXAMPLES).message
+    assert ("  tolerance:   default (as torch.testing.assert_close; for torch.float32: rtol=1.3e-06, atol=1e-05)"
+            in message)
+    assert "  domain:      default -> dtypes float32, float64, int64, int32, uint8, bool" in message
+
+
+def test_report_shows_module_parameters():
+    def pattern(x, lin: nn.Linear):
+        return lin(x)
+
+    def replacement(x, lin: nn.Linear):
+        return x @ lin.weight.T  # forgets the bias
+
+    drop_bias = rule(pattern, replacement, name="drop_bias", domain={"dtypes": (torch.float32,)})
+    result = check_rule(drop_bias, max_examples=EXAMPLES)
+    assert result.verdict == "unsound"
+    assert "    lin = Linear(in_features=" in result.message and "    lin.bias = torch.tensor(" in result.message
+
+
+# -- declarations: tolerance, domain, guards ----------------------------------------------------
+
+
+GELU_TANH = dict(pattern=lambda x: nn.functional.gelu(x),
+                 replacement=lambda x: nn.functional.gelu(x, approximate="tanh"),
+                 name="gelu_tanh")
+MODERATE_FLOATS = {**FLOATS, "special_values": False, "min_value": -1e3, "max_value": 1e3}
+
+
+def test_a_declared_tolerance_makes_an_approximation_sound():
+    assert not check_rule(rule(**GELU_TANH, domain=MODERATE_FLOATS), max_examples=EXAMPLES).ok
+    assert check_rule(rule(**GELU_TANH, domain=MODERATE_FLOATS, tolerance={"atol": 1e-3}), max_examples=EXAMPLES).ok
+
+
+def test_a_declared_domain_restricts_the_inputs():
+    mul_one = dict(pattern=lambda x: x * 1, replacement=lambda x: x, name="mul_one")
+    assert not check_rule(rule(**mul_one), max_examples=EXAMPLES).ok  # bool * 1 is int64
+    assert check_rule(rule(**mul_one, domain=FLOATS), max_examples=EXAMPLES).ok
+
+
+def test_a_rule_unsound_only_where_its_guard_is_false_passes():
+    floor_one = dict(pattern=lambda x: x // 1, replacement=lambda x: x, name="floor_one")
+    assert not check_rule(rule(**floor_one), max_examples=EXAMPLES).ok
+    integers = rule(**floor_one, where=lambda m: m["x"].dtype in (torch.int64, torch.int32, torch.uint8))
+    assert check_rule(integers, max_examples=EXAMPLES).ok
+
+
+def test_guards_on_shapes_are_respected():
+    add_sub = dict(pattern=lambda x, y: x + y - y, replacement=lambda x, y: x, name="add_sub",
+                   domain={**FLOATS, "special_values": False, "min_value": -10, "max_value": 10, "mixed_dtypes": False})
+    guarded = rule(**add_sub, where=lambda m: m["x"].shape == torch.broadcast_shapes(m["x"].shape, m["y"].shape),
+                   tolerance={"atol": 1e-4})
+    assert check_rule(guarded, max_examples=EXAMPLES).ok
+
+
+def test_a_guard_that_raises_is_an_error_with_the_inputs():
+    crashing = rule(lambda x: torch.neg(x), lambda x: torch.neg(x), name="crashing",
+                    where=lambda m: m["x"].shape[0] > 1)
+    result = check_rule(crashing, max_examples=EXAMPLES)
+    assert result.verdict == "error" and not result.ok
+    assert "has a guard that raises on inputs the pattern accepts" in result.message
+    assert "raised IndexError" in result.message and "    x = torch.tensor(" in result.message
+
+
+def test_a_rule_whose_pattern_never_runs_is_untestable():
+    never = rule(lambda x: torch.mm(x, x), lambda x: x @ x, name="never", domain={"ranks": (0, 1)})
+    result = check_rule(never, max_examples=20)
+    assert result.verdict == "untestable" and not result.ok
+    assert "could not be tested" in result.message and "RuntimeError" in result.message
+
+
+def test_a_malformed_declaration_is_an_error_that_names_it():
+    bad_domain = check_rule(rule(lambda x: -x, lambda x: -x, name="bad", domain={"rank": (1, 2)}))
+    assert bad_domain.verdict == "error" and "unknown domain key(s) ['rank']" in bad_domain.message
+    bad_tolerance = check_rule(rule(lambda x: -x, lambda x: -x, name="bad", tolerance={"atol": -1}))
+    assert bad_tolerance.verdict == "error" and "tolerance['atol'] must be a number >= 0" in bad_tolerance.message
+
+
+def test_tolerance_parsing():
+    assert Tolerance.parse(None, where="r") == Tolerance()
+    assert Tolerance.parse({"rtol": 1e-3}, where="r") == Tolerance(rtol=1e-3)
+    with pytest.raises(ValueError, match=r"unknown tolerance key\(s\) \['abs'\]"):
+        Tolerance.parse({"abs": 1}, where="r")
+
+
+# -- modules ----------------------------------------------------------------------------------
+
+
+def conv_bn_pattern(x, conv: nn.Conv2d, bn: nn.BatchNorm2d):
+    return bn(conv(x))
+
+
+def folded(conv: nn.Conv2d, bn: nn.BatchNorm2d, *, with_bias: bool = True) -> nn.Conv2d:
+    scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
+    bias = conv.bias if conv.bias is not None and with_bias else torch.zeros_like(bn.running_mean)
+    fused = nn.Conv2d(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding, bias=True)
+    with torch.no_grad():
+        fused.weight.copy_(conv.weight * scale.reshape(-1, 1, 1, 1))
+        fused.bias.copy_((bias - bn.running_mean) * scale + bn.bias)
+    return fused
+
+
+CONV_BN = dict(domain={"dtypes": (torch.float32,), "special_values": False, "min_value": -10, "max_value": 10},
+               tolerance={"rtol": 1e-4, "atol": 1e-4})
+
+
+def test_conv_bn_folding_is_sound_on_default_modules():
+    good = rule(conv_bn_pattern, lambda x, conv, bn: folded(conv, bn)(x), name="conv_bn", **CONV_BN)
+    result = check_rule(good, max_examples=40)
+    assert result.ok, result.message
+
+
+def test_conv_bn_folding_that_drops_the_conv_bias_is_caught():
+    bad = rule(conv_bn_pattern, lambda x, conv, bn: folded(conv, bn, with_bias=False)(x), name="conv_bn_bad", **CONV_BN)
+    result = check_rule(bad, max_examples=40)
+    assert result.verdict == "unsound"
+    assert result.counterexample["conv"].bias is not None
+    assert "    conv.bias = torch.tensor(" in result.message and "    bn.running_mean = torch.tensor(" in result.message
+
+
+# -- assert_rule_equivalent -------------------------------------------------------------------
+
+
+def test_assert_rule_equivalent_raises_not_equivalent_with_the_report():
+    with pytest.raises(NotEquivalent) as info:
+        assert_rule_equivalent(DIV_SELF, max_examples=EXAMPLES)
+    assert str(info.value) == check_rule(DIV_SELF, max_examples=EXAMPLES).message
+    assert isinstance(info.value, AssertionError)
+
+
+def test_assert_rule_equivalent_returns_the_result_of_a_sound_rule():
+    assert assert_rule_equivalent(DOUBLE_NEG, max_examples=10).examples_run >= 10
