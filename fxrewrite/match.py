@@ -515,8 +515,3 @@ def _op_name(n: Node) -> str:
 
 def _arity(n: Node) -> str:
     return f"{len(n.args)} positional, keywords {sorted(n.kwargs)}"
-
-
-def graph_modules(gm: fx.GraphModule) -> dict[str, torch.nn.Module]:
-    """Named submodules of ``gm``, the lookup table the matcher uses for module captures."""
-    return dict(gm.named_modules())
