@@ -77,6 +77,8 @@ class Report:
     stats: Mapping[str, RuleStats]
     rewrites: int
     seconds: float
+    #: The last rewrite applied: rule name, origin and the graph node it replaced.
+    last_rewrite: str | None = None
 
     @property
     def applied(self) -> Mapping[str, int]:
@@ -140,6 +142,8 @@ def rewrite(
     example_inputs: Sequence[Any] | None = None,
     debug: bool | None = None,
     on_progress: Callable[[int, int], None] | None = None,
+    check_inputs: Sequence[Any] | None = None,
+    _stop_after: int | None = None,
 ) -> RewriteResult:
     """Rewrite ``target`` with ``rules`` to a fixed point.
 
@@ -152,15 +156,22 @@ def rewrite(
     variable ``FXREWRITE_DEBUG=1``) lints the graph after every rewrite and names the rule after
     which a check failed. ``on_progress(rewrites, queued)`` is called now and then with the
     number of rewrites so far and of nodes still waiting to be visited (for progress displays).
+    ``check_inputs`` (a tuple of arguments, or a list of such tuples) verifies the rewritten
+    module against the original on them; when they differ, the rewrites are bisected and
+    :class:`NotEquivalent` names the first rewrite (rule, origin, graph node) that changed the
+    result.
     """
     ruleset = as_ruleset(rules)
+    if check_inputs is not None:
+        return _checked_rewrite(target, ruleset, check_inputs, inplace=inplace, max_rewrites=max_rewrites,
+                                example_inputs=example_inputs, debug=debug, on_progress=on_progress)
     gm = to_graph_module(target, inplace=inplace)
     if example_inputs is not None:
         propagate_inputs(gm, example_inputs)
     budget = max_rewrites if max_rewrites is not None else 8 * len(gm.graph.nodes) + 64
     debug = debug if debug is not None else os.environ.get("FXREWRITE_DEBUG", "") not in ("", "0")
     started = time.perf_counter()
-    driver = _Driver(gm, ruleset, budget=budget, debug=debug, on_progress=on_progress)
+    driver = _Driver(gm, ruleset, budget=budget, debug=debug, on_progress=on_progress, stop_after=_stop_after)
     try:
         driver.run()
     except FxRewriteError as exc:
@@ -179,8 +190,47 @@ def rewrite(
         _drop_dead_attributes(gm, owned=not inplace)
     gm.recompile()
     report = Report({r.name: driver.tallies[r.name].freeze() for r in ruleset}, driver.rewrites,
-                    time.perf_counter() - started)
+                    time.perf_counter() - started, driver.last_rewrite)
     return RewriteResult(gm, report)
+
+
+def _checked_rewrite(target: Any, ruleset: RuleSet, check_inputs: Sequence[Any], *, inplace: bool,
+                     **options: Any) -> RewriteResult:
+    """``rewrite`` followed by a comparison with the original on ``check_inputs``; on a
+    difference, bisect the (deterministic) sequence of rewrites for the first culprit."""
+    from .errors import NotEquivalent
+    from .verify import compare
+
+    calls = [tuple(c) for c in check_inputs] if isinstance(check_inputs, list) else [tuple(check_inputs)]
+    reference = to_graph_module(target)  # an untouched copy: inplace may change ``target``
+    expected = [reference(*_cloned(c)) for c in calls]
+
+    def differs(module: torch.nn.Module) -> str | None:
+        for call, want in zip(calls, expected):
+            problem = compare(want, module(*_cloned(call)))
+            if problem is not None:
+                return problem
+        return None
+
+    result = rewrite(target, ruleset, inplace=inplace, **options)
+    problem = differs(result.module)
+    if problem is None:
+        return result
+    low, high = 0, result.report.rewrites  # the first `high` rewrites differ, the first `low` do not
+    while high - low > 1:
+        middle = (low + high) // 2
+        partial = rewrite(reference, ruleset, _stop_after=middle, **options)
+        low, high = (low, middle) if differs(partial.module) else (middle, high)
+    culprit = rewrite(reference, ruleset, _stop_after=high, **options).report.last_rewrite
+    raise NotEquivalent(
+        f"the rewritten module differs from the original on check_inputs: {problem}. The first rewrite that "
+        f"changes the result is #{high} of {result.report.rewrites}: {culprit}. Restrict that rule with a "
+        f"guard or a declared domain (fxrewrite.testing.check_rule finds its counterexamples), or remove it."
+    )
+
+
+def _cloned(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(v.clone() if isinstance(v, torch.Tensor) else v for v in values)
 
 
 def to_graph_module(target: Any, *, inplace: bool = False) -> fx.GraphModule:
@@ -288,8 +338,10 @@ class _Driver:
     """The worklist: one queue of graph nodes per priority level, served highest first."""
 
     def __init__(self, gm: fx.GraphModule, ruleset: RuleSet, *, budget: int, debug: bool,
-                 on_progress: Callable[[int, int], None] | None = None) -> None:
+                 on_progress: Callable[[int, int], None] | None = None, stop_after: int | None = None) -> None:
         self.on_progress = on_progress
+        self.stop_after = stop_after
+        self.last_rewrite: str | None = None
         self.gm = gm
         self.graph = gm.graph
         self.ruleset = ruleset
@@ -325,6 +377,8 @@ class _Driver:
         visits = 0
         while True:
             level = next((p for p in self.levels if self.queues[p]), None)
+            if self.stop_after is not None and self.rewrites >= self.stop_after:
+                level = None
             if level is None:
                 if self.on_progress is not None:
                     self.on_progress(self.rewrites, 0)
@@ -386,6 +440,7 @@ class _Driver:
         if self.rewrites >= self.budget:
             raise self._did_not_converge()
         inputs = [v for v in match.bindings.values() if isinstance(v, Node)]
+        self.last_rewrite = f"rule '{rule.name}' ({rule.origin}) at graph node '{match.anchor.name}'"
         started = time.perf_counter()
         created = self.splicer.splice(match, rule)
         tally.seconds += time.perf_counter() - started

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.fx as fx
 
-from fxrewrite import DidNotConverge, Rule, RuleSet, rewrite
+from fxrewrite import DidNotConverge, NotEquivalent, Rule, RuleSet, rewrite
 
 
 def assert_rewritten(original, result, *inputs):
@@ -495,3 +495,18 @@ def test_attributes_a_rewrite_made_unused_are_dropped_from_the_copy():
     assert "offset" not in dict(result.module.named_buffers()) and "self.offset" not in result.code
     assert "offset" in dict(model.named_buffers()) and "offset" in dict(gm.named_buffers())
     assert_rewritten(model, result, torch.randn(3))
+
+
+def test_check_inputs_names_the_first_rewrite_that_changes_the_result():
+    wrong = rule(lambda x: torch.sigmoid(x), lambda x: torch.tanh(x), name="wrong_sigmoid")
+    f = lambda a: torch.sigmoid(torch.relu(torch.relu(a)))  # noqa: E731
+    with pytest.raises(NotEquivalent) as info:
+        rewrite(f, [RELU_RELU, wrong], check_inputs=(torch.randn(5),))
+    message = str(info.value)
+    assert "rule 'wrong_sigmoid'" in message and "at graph node 'sigmoid'" in message
+    assert "#2 of 2" in message  # relu_relu fired first and is innocent
+
+
+def test_check_inputs_passes_sound_rewrites_and_accepts_several_calls():
+    result = rewrite(StackedRelu(), RELU_RELU, check_inputs=[(torch.randn(3),), (torch.randn(2, 2),)])
+    assert result.report.applied["relu_relu"] == 4
