@@ -1082,7 +1082,7 @@ def test_graph_broken_by_a_rule_is_an_fxrewrite_error_even_without_debug_mode(ma
     if make is memoizing_rule:
         rewrite(lambda a: torch.neg(torch.neg(a)), r)  # caches a Proxy of this graph
     model, gm = traced_net()
-    with pytest.raises(RewriteError, match=f"rewritten graph is invalid .*debug=True.*Rules applied: {r.name} "):
+    with pytest.raises(RewriteError, match=f"(?s)rewritten graph is invalid .*debug=True.*Rules applied: {r.name} "):
         rewrite(gm, r, debug=False)
 
 
