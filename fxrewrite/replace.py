@@ -177,6 +177,9 @@ class Splicer:
                 result = rule.replacement(**_arguments(match, tracer))
                 new_outputs = _output_nodes(result, match, rule, tracer)
                 _refuse_input_mutation(match, rule, tracer.created)
+            if has_values(match.bindings.values()):
+                propagate_values(self.gm, tracer.created)
+            _refuse_non_tensor_outputs(match, rule, new_outputs)
         except Exception as exc:
             tracer.rollback()
             if isinstance(exc, RewriteError):
@@ -185,8 +188,6 @@ class Splicer:
                 f"{_where(rule, match)}: the replacement raised {type(exc).__name__}: {exc}. The graph was left "
                 f"as it was before this rewrite; fix the replacement (it is called with Proxies for tensors)."
             ) from exc
-        if has_values(match.bindings.values()):
-            propagate_values(self.gm, tracer.created)
         _rewire(match, new_outputs)
         _erase(self.gm.graph, match)
         return tracer.created
@@ -242,6 +243,26 @@ def _same_value(a: Any, b: Any) -> bool:
         return type(a) is type(b) and bool(a == b)
     except Exception:
         return False
+
+
+_NON_TENSOR_METHODS = frozenset({"dim", "size", "numel", "item", "tolist", "stride", "element_size", "nelement"})
+_NON_TENSOR_ATTRIBUTES = frozenset({"shape", "dtype", "device", "ndim", "layout", "is_cuda", "requires_grad"})
+
+
+def _refuse_non_tensor_outputs(match: Match, rule: Rule, outputs: list[Node]) -> None:
+    """The pattern matched tensors: the replacement must return tensors, not ``x.shape``."""
+    for i, node in enumerate(outputs):
+        val = node.meta.get("val", None)
+        python_value = (
+            (val is not None and not isinstance(val, torch.Tensor))
+            or (node.op == "call_method" and node.target in _NON_TENSOR_METHODS)
+            or (node.op == "call_function" and node.target is getattr and node.args[1] in _NON_TENSOR_ATTRIBUTES)
+        )
+        if python_value:
+            raise RewriteError(
+                f"{_where(rule, match)}: output {i} of the replacement ({node.format_node()}) is not a tensor, but "
+                f"the pattern matched a tensor there; return a tensor computed from the replacement's arguments."
+            )
 
 
 def _refuse_input_mutation(match: Match, rule: Rule, created: list[Node]) -> None:

@@ -902,9 +902,6 @@ def test_replacement_that_mutates_a_bound_input_is_refused():
 # ---- replacements that return something other than a tensor ----------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="engine bug: a replacement returning a Proxy of a non-tensor (x.shape, "
-                                       "x.dim()) where a tensor was matched is accepted, even when the graph "
-                                       "carries shapes (example_inputs) that show it")
 @pytest.mark.parametrize("replacement", [lambda x: x.shape, lambda x: x.dim(), lambda x: x.size(0) * 1.0],
                          ids=["shape", "dim", "size"])
 def test_replacement_returning_a_proxy_of_a_non_tensor_is_a_rewrite_error(replacement):
