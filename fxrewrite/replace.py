@@ -14,6 +14,7 @@ nodes erased.
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -249,18 +250,27 @@ _NON_TENSOR_METHODS = frozenset({"dim", "size", "numel", "item", "tolist", "stri
 _NON_TENSOR_ATTRIBUTES = frozenset({"shape", "dtype", "device", "ndim", "layout", "is_cuda", "requires_grad"})
 
 
+def _python_value(node: Node) -> bool:
+    """True when ``node`` is known to compute a Python value rather than a tensor (from its
+    metadata, or because it reads ``.shape``, calls ``.dim()``, indexes such a value, ...)."""
+    val = node.meta.get("val", None)
+    if val is not None:
+        return not isinstance(val, torch.Tensor)
+    if node.op == "call_method":
+        return node.target in _NON_TENSOR_METHODS
+    if node.op == "call_function" and node.target is getattr:
+        return node.args[1] in _NON_TENSOR_ATTRIBUTES
+    if node.op == "call_function" and node.target is operator.getitem and isinstance(node.args[0], Node):
+        return _python_value(node.args[0])
+    return False
+
+
 def _refuse_non_tensor_outputs(match: Match, rule: Rule, outputs: list[Node]) -> None:
-    """The pattern matched tensors: the replacement must return tensors, not ``x.shape``."""
-    for i, node in enumerate(outputs):
-        val = node.meta.get("val", None)
-        python_value = (
-            (val is not None and not isinstance(val, torch.Tensor))
-            or (node.op == "call_method" and node.target in _NON_TENSOR_METHODS)
-            or (node.op == "call_function" and node.target is getattr and node.args[1] in _NON_TENSOR_ATTRIBUTES)
-        )
-        if python_value:
+    """Where the pattern matched a tensor, the replacement must return one, not ``x.shape``."""
+    for i, (old, new) in enumerate(zip(match.outputs, outputs)):
+        if _python_value(new) and not _python_value(old):
             raise RewriteError(
-                f"{_where(rule, match)}: output {i} of the replacement ({node.format_node()}) is not a tensor, but "
+                f"{_where(rule, match)}: output {i} of the replacement ({new.format_node()}) is not a tensor, but "
                 f"the pattern matched a tensor there; return a tensor computed from the replacement's arguments."
             )
 
