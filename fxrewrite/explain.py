@@ -19,6 +19,7 @@ rule neg_neg (<doc>:1): 0 match(es) among 3 candidate(s) computing aten.neg
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -28,7 +29,7 @@ import torch.fx as fx
 from torch.fx.node import Node
 
 from .canon import op_key_of
-from .match import Match, Rejection, match_at
+from .match import Match, Rejection, match_at, nodes_with_key
 from .meta import propagate_inputs
 from .rewrite import to_graph_module
 from .rule import Rule, RulesLike, as_ruleset
@@ -100,14 +101,11 @@ def _graph_module(target: Any, example_inputs: Sequence[Any] | None) -> fx.Graph
 
 
 def _index(gm: fx.GraphModule) -> Any:
-    def nodes_with_key(key: Any) -> list[Node]:
-        return [n for n in gm.graph.nodes if op_key_of(n.op, n.target) == key]
-
-    return nodes_with_key
+    return functools.partial(nodes_with_key, gm.graph)
 
 
 def _candidates(gm: fx.GraphModule, rule: Rule) -> list[Node]:
-    return [n for n in gm.graph.nodes if op_key_of(n.op, n.target) == rule.anchor_key]
+    return nodes_with_key(gm.graph, rule.anchor_key)
 
 
 def find_matches(rules: RulesLike, target: Any, *,

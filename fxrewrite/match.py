@@ -37,9 +37,15 @@ from .canon import canonical_arguments, is_commutative_call, op_key_of
 from .errors import MetadataError
 from .pattern import Param, Pattern
 
-__all__ = ["Match", "MatchOptions", "Rejection", "TensorView", "match_at", "node_position"]
+__all__ = ["Match", "MatchOptions", "Rejection", "TensorView", "match_at", "node_position", "nodes_with_key"]
 
 _MISSING = object()
+
+
+def nodes_with_key(graph: fx.Graph, key: Any) -> list[Node]:
+    """The nodes of ``graph`` whose (canonical) op key is ``key``, in graph order: a full scan,
+    used for anchor candidates and for patterns whose outputs share no node."""
+    return [n for n in graph.nodes if op_key_of(n.op, n.target) == key]
 
 
 def node_position(node: Node) -> Any:
@@ -222,7 +228,7 @@ class _Search:
                 self.fail(pv, gv, f"expected a sequence of {len(pv)} values, found {gv!r}")
         elif isinstance(gv, Node):
             self.fail(pv, gv, f"expected the constant {pv!r}, found the value of node '{gv.name}'")
-        elif self.options.ignore_literals or _same_literal(pv, gv):
+        elif self.options.ignore_literals or same_literal(pv, gv):
             yield
         else:
             self.fail(pv, gv, f"literal differs: pattern has {pv!r}, graph has {gv!r}")
@@ -237,7 +243,7 @@ class _Search:
     def node(self, pn: Node, gv: Any) -> Iterator[None]:
         bound = self.p2g.get(pn, _MISSING)
         if bound is not _MISSING:
-            if bound is gv or (not isinstance(gv, Node) and not isinstance(bound, Node) and _same_literal(bound, gv)):
+            if bound is gv or (not isinstance(gv, Node) and not isinstance(bound, Node) and same_literal(bound, gv)):
                 yield
             else:
                 self.fail(pn, gv, f"'{pn.name}' is already bound to {_show(bound)}, here it would be {_show(gv)}")
@@ -490,7 +496,8 @@ def _same_attribute_kind(pn: Node, gn: Node) -> bool:
     return isinstance(_attribute(pn), torch.Tensor) and isinstance(_attribute(gn), torch.Tensor)
 
 
-def _same_literal(a: Any, b: Any) -> bool:
+def same_literal(a: Any, b: Any) -> bool:
+    """Equal constants of the same type (nan equal to nan); nodes only to themselves."""
     if type(a) is not type(b):
         return False
     if isinstance(a, float) and math.isnan(a):

@@ -273,36 +273,32 @@ def _check_nodes(graph: fx.Graph, param_of: Mapping[Node, Param], outputs: tuple
             )
 
 
+def _mutation(n: Node) -> str | None:
+    """How ``n`` writes into an argument, in words, or ``None`` when it does not."""
+    if "out" in n.kwargs:
+        return "writes into an out= argument"
+    if n.kwargs.get("inplace") is True:
+        return "passes inplace=True"
+    if n.op == "call_method" and isinstance(n.target, str) and n.target.endswith("_") and not n.target.endswith("__"):
+        return f"calls the in-place method '.{n.target}()'"
+    if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
+        return f"calls the mutating op {n.target}" if n.target._schema.is_mutable else None
+    name = getattr(n.target, "__name__", "")
+    if n.op == "call_function" and (name.endswith("_") and not name.endswith("__") or n.target is operator.setitem):
+        return f"calls the in-place function {name}"
+    return None
+
+
 def is_mutating(n: Node) -> bool:
     """True for a node that writes into its first argument: an in-place method (``x.add_(1)``),
     an in-place function or mutating ATen op, ``inplace=True`` or ``out=``."""
-    if "out" in n.kwargs or n.kwargs.get("inplace") is True:
-        return True
-    if n.op == "call_method":
-        return isinstance(n.target, str) and n.target.endswith("_") and not n.target.endswith("__")
-    if n.op == "call_function":
-        if isinstance(n.target, torch._ops.OpOverload):
-            return n.target._schema.is_mutable
-        name = getattr(n.target, "__name__", "")
-        return name.endswith("_") and not name.endswith("__") or n.target is operator.setitem
-    return False
+    return _mutation(n) is not None
 
 
 def _check_pure(n: Node, where: str) -> None:
     """Patterns describe values: no in-place ops, no out= arguments, no side effects."""
-    problem = None
-    if "out" in n.kwargs:
-        problem = "writes into an out= argument"
-    elif n.kwargs.get("inplace") is True:
-        problem = "passes inplace=True"
-    elif n.op == "call_method" and n.target.endswith("_") and not n.target.endswith("__"):
-        problem = f"calls the in-place method '.{n.target}()'"
-    elif n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable:
-        problem = f"calls the mutating op {n.target}"
-    elif n.op == "call_function" and getattr(n.target, "__name__", "").endswith("_") \
-            and not getattr(n.target, "__name__", "").endswith("__"):
-        problem = f"calls the in-place function {n.target.__name__}"
-    elif n.op in _INNER_OPS and n.op != "call_module" and n.is_impure():
+    problem = _mutation(n)
+    if problem is None and n.op in _INNER_OPS and n.op != "call_module" and n.is_impure():
         problem = "has a side effect"
     if problem:
         raise RuleDefinitionError(

@@ -25,7 +25,7 @@ from torch.fx.node import Node
 
 from .errors import RewriteError
 from .canon import aten_overload
-from .match import Match, node_position
+from .match import Match, node_position, same_literal
 from .meta import has_values, propagate_values
 from .pattern import is_mutating
 from .rule import Rule
@@ -226,7 +226,7 @@ def _as_aten_call(kind: str, target: Any, args: Any, kwargs: Any) -> tuple[str, 
     keywords: dict[str, Any] = {}
     for argument in overload._schema.arguments:
         value = named[argument.name]
-        is_default = argument.has_default_value() and _same_value(value, argument.default_value)
+        is_default = argument.has_default_value() and same_literal(value, argument.default_value)
         if argument.kwarg_only:
             if not is_default:
                 keywords[argument.name] = value
@@ -235,15 +235,6 @@ def _as_aten_call(kind: str, target: Any, args: Any, kwargs: Any) -> tuple[str, 
     while positional and positional[-1][1]:
         positional.pop()
     return "call_function", overload, tuple(v for v, _ in positional), keywords
-
-
-def _same_value(a: Any, b: Any) -> bool:
-    if isinstance(a, Node) or isinstance(b, Node):
-        return a is b
-    try:
-        return type(a) is type(b) and bool(a == b)
-    except Exception:
-        return False
 
 
 _NON_TENSOR_METHODS = frozenset({"dim", "size", "numel", "item", "tolist", "stride", "element_size", "nelement"})

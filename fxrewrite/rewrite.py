@@ -43,7 +43,7 @@ from torch.fx.node import Node
 
 from .canon import canonical_name, op_key_of
 from .errors import DidNotConverge, FxRewriteError, RewriteError
-from .match import Match, match_at, node_position
+from .match import Match, match_at, node_position, nodes_with_key
 from .pattern import is_mutating
 from .meta import propagate_inputs
 from .replace import Splicer, insertion_point
@@ -199,17 +199,15 @@ def _checked_rewrite(target: Any, ruleset: RuleSet, check_inputs: Sequence[Any],
     """``rewrite`` followed by a comparison with the original on ``check_inputs``; on a
     difference, bisect the (deterministic) sequence of rewrites for the first culprit."""
     from .errors import NotEquivalent
-    from .verify import compare
+    from .verify import assert_equivalent
 
-    calls = [tuple(c) for c in check_inputs] if isinstance(check_inputs, list) else [tuple(check_inputs)]
     reference = to_graph_module(target)  # an untouched copy: inplace may change ``target``
-    expected = [reference(*_cloned(c)) for c in calls]
 
     def differs(module: torch.nn.Module) -> str | None:
-        for call, want in zip(calls, expected):
-            problem = compare(want, module(*_cloned(call)))
-            if problem is not None:
-                return problem
+        try:
+            assert_equivalent(reference, module, check_inputs)
+        except NotEquivalent as exc:
+            return str(exc)
         return None
 
     result = rewrite(target, ruleset, inplace=inplace, **options)
@@ -227,10 +225,6 @@ def _checked_rewrite(target: Any, ruleset: RuleSet, check_inputs: Sequence[Any],
         f"changes the result is #{high} of {result.report.rewrites}: {culprit}. Restrict that rule with a "
         f"guard or a declared domain (fxrewrite.testing.check_rule finds its counterexamples), or remove it."
     )
-
-
-def _cloned(values: tuple[Any, ...]) -> tuple[Any, ...]:
-    return tuple(v.clone() if isinstance(v, torch.Tensor) else v for v in values)
 
 
 def to_graph_module(target: Any, *, inplace: bool = False) -> fx.GraphModule:
@@ -432,9 +426,9 @@ class _Driver:
         return ", ".join(f"{name} ({t.applied}x)" for name, t in self.tallies.items() if t.applied) or "none"
 
     def _nodes_with_key(self, key: Hashable) -> list[Node]:
-        """Nodes computing ``key``, for patterns whose outputs share no node (a full scan: such
-        patterns cost a pass over the graph per anchor candidate)."""
-        return [n for n in self.graph.nodes if op_key_of(n.op, n.target) == key]
+        """Candidates for patterns whose outputs share no node (a full scan: such patterns cost
+        a pass over the graph per anchor candidate)."""
+        return nodes_with_key(self.graph, key)
 
     def _apply(self, rule: Rule, match: Match, tally: _Tally) -> None:
         if self.rewrites >= self.budget:
