@@ -33,7 +33,8 @@ from .errors import (
 from .explain import Explanation, explain, find_matches
 from .loader import load_rules, parse_rules
 from .match import Match, TensorView
-from .rewrite import Report, RewriteResult, RuleStats, rewrite
+from .report import Report, RewriteResult, RuleStats
+from .rewrite import rewrite
 from .rule import Rule, RuleSet, rule
 
 __all__ = [

@@ -18,12 +18,11 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 import torch
-import torch.fx as fx
 
 from .codegen import annotated_code, code_diff, write_module
 from .errors import FxRewriteError, MetadataError, TargetError
 from .rule import RuleSet
-from .target import Target, load_target
+from .target import Target, load_target, traced_or_exported
 
 __all__ = ["main"]
 
@@ -38,30 +37,6 @@ def _load_rules(paths: Sequence[str] | None) -> RuleSet:
     for path in reversed(unique.values()):
         rules = rules + load_rules(path)
     return rules
-
-
-def _graph_module(target: Target, export: bool) -> fx.GraphModule:
-    if not export:
-        try:
-            return fx.symbolic_trace(target.model)
-        except Exception as exc:
-            raise TargetError(
-                f"torch.fx.symbolic_trace failed on '{target.spec}': {type(exc).__name__}: {exc}. Try --export "
-                f"(torch.export handles data-dependent Python better), or make the model traceable."
-            ) from exc
-    if target.example_inputs is None:
-        raise TargetError(f"--export needs example inputs: define example_inputs() next to '{target.spec}'.")
-    try:
-        exported = torch.export.export(target.model, target.example_inputs)
-    except Exception as exc:
-        raise TargetError(
-            f"torch.export.export failed on '{target.spec}': {type(exc).__name__}: {exc}. Drop --export to use "
-            f"symbolic tracing, or fix what torch.export reports."
-        ) from exc
-    module = exported.module()
-    if not isinstance(module, fx.GraphModule):
-        raise TargetError(f"torch.export returned a {type(module).__name__}, not a GraphModule; cannot rewrite it.")
-    return module
 
 
 def _shapes(target: Target, wanted: bool) -> tuple[Any, ...] | None:
@@ -116,7 +91,7 @@ def cmd_apply(args: argparse.Namespace, out: TextIO) -> int:
 
     target = load_target(args.target)
     rules = _load_rules(args.rules)
-    before = _graph_module(target, args.export)
+    before = traced_or_exported(target, export=args.export)
     print(f"{target.spec}: {len(before.graph.nodes)} nodes, {len(rules)} rules", file=out)
     result = rewrite(before, rules, example_inputs=_shapes(target, args.shapes),
                      on_progress=_progress_display(len(before.graph.nodes)))
@@ -152,7 +127,7 @@ def cmd_explain(args: argparse.Namespace, out: TextIO) -> int:
         if missing:
             raise TargetError(f"no rule named {', '.join(missing)} in the loaded rules; see `fxrewrite list`.")
         rules = RuleSet(tuple(rules[name] for name in args.rule))
-    gm = _graph_module(target, args.export)
+    gm = traced_or_exported(target, export=args.export)
     print(explain(rules, gm, example_inputs=_shapes(target, args.shapes), misses=args.misses), file=out)
     return 0
 

@@ -28,10 +28,9 @@ import torch
 import torch.fx as fx
 from torch.fx.node import Node
 
-from .canon import op_key_of
 from .match import Match, Rejection, match_at, nodes_with_key
 from .meta import propagate_inputs
-from .rewrite import to_graph_module
+from .target import to_graph_module
 from .rule import Rule, RulesLike, as_ruleset
 
 __all__ = ["Explanation", "Miss", "RuleExplanation", "explain", "find_matches"]

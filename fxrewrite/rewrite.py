@@ -25,20 +25,18 @@ the deepest pattern reaches. A budget turns a rule set that never settles into
 from __future__ import annotations
 
 import collections
-import copy
 import heapq
 import itertools
 import operator
 import logging
 import os
 import time
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any
 
 import attrs
 import torch
 import torch.fx as fx
-from torch.fx.graph_module import _copy_attr
 from torch.fx.node import Node
 
 from .canon import canonical_name, op_key_of
@@ -47,74 +45,13 @@ from .match import Match, match_at, node_position, nodes_with_key
 from .pattern import is_mutating
 from .meta import propagate_inputs
 from .replace import Splicer, insertion_point
+from .report import Report, RewriteResult, RuleStats
+from .target import to_graph_module
 from .rule import Rule, RuleSet, RulesLike, as_ruleset
 
-__all__ = ["Report", "RewriteResult", "RuleStats", "rewrite", "to_graph_module"]
+__all__ = ["rewrite"]
 
 logger = logging.getLogger(__name__)
-
-
-@attrs.frozen
-class RuleStats:
-    """What happened to one rule during a rewrite."""
-
-    attempts: int = 0
-    applied: int = 0
-    rejected: int = 0
-    seconds: float = 0.0
-    reasons: tuple[str, ...] = ()
-
-
-@attrs.frozen
-class Report:
-    """Per-rule counts of a :func:`rewrite` call.
-
-    ``applied[name]`` is how often the rule fired; ``attempts[name]`` how many anchor
-    candidates it was tried at; ``rejected[name]`` how many structural matches its guards
-    refused (``reasons[name]`` says why, a few examples each).
-    """
-
-    stats: Mapping[str, RuleStats]
-    rewrites: int
-    seconds: float
-    #: The last rewrite applied: rule name, origin and the graph node it replaced.
-    last_rewrite: str | None = None
-
-    @property
-    def applied(self) -> Mapping[str, int]:
-        return {name: s.applied for name, s in self.stats.items()}
-
-    @property
-    def attempts(self) -> Mapping[str, int]:
-        return {name: s.attempts for name, s in self.stats.items()}
-
-    @property
-    def rejected(self) -> Mapping[str, int]:
-        return {name: s.rejected for name, s in self.stats.items()}
-
-    @property
-    def reasons(self) -> Mapping[str, tuple[str, ...]]:
-        return {name: s.reasons for name, s in self.stats.items()}
-
-    def __str__(self) -> str:
-        width = max([len("rule"), *(len(n) for n in self.stats)])
-        lines = [f"{'rule':<{width}}  {'applied':>7}  {'tried':>7}  {'guarded':>7}  {'ms':>8}"]
-        for name, s in self.stats.items():
-            lines.append(f"{name:<{width}}  {s.applied:>7}  {s.attempts:>7}  {s.rejected:>7}  {s.seconds * 1e3:>8.2f}")
-        lines.append(f"{self.rewrites} rewrite(s) in {self.seconds * 1e3:.1f} ms")
-        return "\n".join(lines)
-
-
-@attrs.frozen
-class RewriteResult:
-    """The rewritten module (recompiled), its code and the report."""
-
-    module: fx.GraphModule
-    report: Report
-
-    @property
-    def code(self) -> str:
-        return self.module.code
 
 
 @attrs.define
@@ -227,38 +164,6 @@ def _checked_rewrite(target: Any, ruleset: RuleSet, check_inputs: Sequence[Any],
     )
 
 
-def to_graph_module(target: Any, *, inplace: bool = False) -> fx.GraphModule:
-    """The ``GraphModule`` to rewrite: ``target`` itself (``inplace=True``), a copy of it, or
-    ``target`` traced with ``torch.fx.symbolic_trace``."""
-    if isinstance(target, torch.export.ExportedProgram):
-        if inplace:
-            raise RewriteError(
-                "inplace=True cannot rewrite an ExportedProgram (its graph signature would go stale); rewrite "
-                "it without inplace and re-export the result if you need an ExportedProgram again."
-            )
-        return target.module()
-    if isinstance(target, fx.GraphModule):
-        return target if inplace else _copy_graph_module(target)
-    if inplace:
-        raise RewriteError(
-            f"inplace=True needs a torch.fx.GraphModule, got {type(target).__name__}; trace it first "
-            f"(gm = torch.fx.symbolic_trace(model)) or drop inplace=True."
-        )
-    if not isinstance(target, torch.nn.Module) and not callable(target):
-        raise RewriteError(
-            f"cannot rewrite {target!r} ({type(target).__name__}): pass an nn.Module, a torch.fx.GraphModule "
-            f"or a function of tensors."
-        )
-    try:
-        return fx.symbolic_trace(target)
-    except Exception as exc:
-        raise RewriteError(
-            f"torch.fx.symbolic_trace could not trace {type(target).__name__}: {type(exc).__name__}: {exc}. "
-            f"Make the model traceable (see torch.fx's limitations: no control flow on tensor values), or "
-            f"trace it yourself (e.g. with concrete_args or torch.export) and pass the GraphModule."
-        ) from exc
-
-
 def _drop_dead_attributes(gm: fx.GraphModule, *, owned: bool) -> None:
     """After rewriting: erase ``get_attr`` nodes nothing reads any more, and the submodules no
     node calls (the conv and bn a folding rule replaced); in a module fxrewrite made itself
@@ -274,24 +179,6 @@ def _drop_dead_attributes(gm: fx.GraphModule, *, owned: bool) -> None:
     for name, _ in [*gm.named_parameters(recurse=False), *gm.named_buffers(recurse=False)]:
         if name not in read:  # only gm's own attributes: submodules may be shared with the caller
             delattr(gm, name)
-
-
-def _copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
-    """A new GraphModule with a copy of ``gm``'s graph, sharing parameters and submodules with it.
-
-    The copy is not recompiled here: ``rewrite`` recompiles once, after rewriting.
-    """
-    graph = copy.deepcopy(gm.graph)
-    placeholder_graph = fx.Graph()
-    placeholder_graph.output(None)
-    new = fx.GraphModule(torch.nn.Module(), placeholder_graph, class_name=type(gm).__name__)
-    for node in graph.nodes:
-        if node.op in ("get_attr", "call_module"):
-            _copy_attr(gm, new, node.target)
-    new._graph = graph  # the graph setter would recompile now; rewrite() recompiles at the end
-    graph.owning_module = new
-    new.meta = copy.copy(getattr(gm, "meta", {}))
-    return new
 
 
 def _mutated(node: Node) -> bool:

@@ -38,7 +38,7 @@ from typing import Any, Union
 import attrs
 
 from .errors import RewriteError, RuleDefinitionError, RuleWarning
-from .pattern import Param, Pattern, signature_params, trace_pattern
+from .pattern import Param, Pattern, trace_pattern
 
 __all__ = ["Guard", "Rule", "RuleBuilder", "RuleSet", "RulesLike", "as_ruleset", "describe_guard", "rule"]
 

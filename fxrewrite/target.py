@@ -1,4 +1,7 @@
-"""Load the model a command line names: ``path/to/file.py:NAME`` or ``package.module:NAME``.
+"""Targets: anything a user hands us (module, function, GraphModule, ExportedProgram) as a
+GraphModule to rewrite, and the model a command line names.
+
+A command line names a model as ``path/to/file.py:NAME`` or ``package.module:NAME``.
 
 ``NAME`` is an ``nn.Module`` instance, an ``nn.Module`` class (built with no arguments) or a
 factory function returning a module. The same file may define ``example_inputs()`` returning
@@ -7,6 +10,7 @@ the tuple of inputs to call the model with (used by ``--check`` and ``--export``
 
 from __future__ import annotations
 
+import copy
 import importlib
 import importlib.util
 import inspect
@@ -17,10 +21,12 @@ from typing import Any
 
 import attrs
 import torch
+import torch.fx as fx
+from torch.fx.graph_module import _copy_attr
 
-from .errors import TargetError
+from .errors import RewriteError, TargetError
 
-__all__ = ["Target", "load_target"]
+__all__ = ["Target", "load_target", "to_graph_module", "traced_or_exported"]
 
 
 @attrs.frozen
@@ -101,3 +107,78 @@ def _example_inputs(module: ModuleType, spec: str) -> tuple[Any, ...] | None:
     except Exception as exc:
         raise TargetError(f"example_inputs() next to '{spec}' failed: {type(exc).__name__}: {exc}") from exc
     return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+
+
+def to_graph_module(target: Any, *, inplace: bool = False) -> fx.GraphModule:
+    """The ``GraphModule`` to rewrite: ``target`` itself (``inplace=True``), a copy of it, or
+    ``target`` traced with ``torch.fx.symbolic_trace``."""
+    if isinstance(target, torch.export.ExportedProgram):
+        if inplace:
+            raise RewriteError(
+                "inplace=True cannot rewrite an ExportedProgram (its graph signature would go stale); rewrite "
+                "it without inplace and re-export the result if you need an ExportedProgram again."
+            )
+        return target.module()
+    if isinstance(target, fx.GraphModule):
+        return target if inplace else _copy_graph_module(target)
+    if inplace:
+        raise RewriteError(
+            f"inplace=True needs a torch.fx.GraphModule, got {type(target).__name__}; trace it first "
+            f"(gm = torch.fx.symbolic_trace(model)) or drop inplace=True."
+        )
+    if not isinstance(target, torch.nn.Module) and not callable(target):
+        raise RewriteError(
+            f"cannot rewrite {target!r} ({type(target).__name__}): pass an nn.Module, a torch.fx.GraphModule "
+            f"or a function of tensors."
+        )
+    try:
+        return fx.symbolic_trace(target)
+    except Exception as exc:
+        raise RewriteError(
+            f"torch.fx.symbolic_trace could not trace {type(target).__name__}: {type(exc).__name__}: {exc}. "
+            f"Make the model traceable (see torch.fx's limitations: no control flow on tensor values), or "
+            f"trace it yourself (e.g. with concrete_args or torch.export) and pass the GraphModule."
+        ) from exc
+
+
+def _copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
+    """A new GraphModule with a copy of ``gm``'s graph, sharing parameters and submodules with it.
+
+    The copy is not recompiled here: ``rewrite`` recompiles once, after rewriting.
+    """
+    graph = copy.deepcopy(gm.graph)
+    placeholder_graph = fx.Graph()
+    placeholder_graph.output(None)
+    new = fx.GraphModule(torch.nn.Module(), placeholder_graph, class_name=type(gm).__name__)
+    for node in graph.nodes:
+        if node.op in ("get_attr", "call_module"):
+            _copy_attr(gm, new, node.target)
+    new._graph = graph  # the graph setter would recompile now; rewrite() recompiles at the end
+    graph.owning_module = new
+    new.meta = copy.copy(getattr(gm, "meta", {}))
+    return new
+
+
+def traced_or_exported(target: Target, *, export: bool) -> fx.GraphModule:
+    """The graph of a command-line target: symbolically traced, or captured with torch.export."""
+    if not export:
+        try:
+            return fx.symbolic_trace(target.model)
+        except Exception as exc:
+            raise TargetError(
+                f"torch.fx.symbolic_trace failed on '{target.spec}': {type(exc).__name__}: {exc}. Try --export "
+                f"(torch.export handles data-dependent Python better), or make the model traceable."
+            ) from exc
+    if target.example_inputs is None:
+        raise TargetError(f"--export needs example inputs: define example_inputs() next to '{target.spec}'.")
+    try:
+        exported = torch.export.export(target.model, target.example_inputs)
+    except Exception as exc:
+        raise TargetError(
+            f"torch.export.export failed on '{target.spec}': {type(exc).__name__}: {exc}. Drop --export to use "
+            f"symbolic tracing, or fix what torch.export reports."
+        ) from exc
+    module = exported.module()
+    if not isinstance(module, fx.GraphModule):
+        raise TargetError(f"torch.export returned a {type(module).__name__}, not a GraphModule; cannot rewrite it.")
+    return module
