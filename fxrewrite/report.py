@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import attrs
 import torch.fx as fx
@@ -70,10 +71,12 @@ class Report:
 
 @attrs.frozen
 class RewriteResult:
-    """The rewritten module (recompiled), its code and the report."""
+    """The rewritten module (recompiled), its code and the report; when the target was a
+    ``torch.export.ExportedProgram``, also the rewritten program (see :mod:`fxrewrite.exported`)."""
 
     module: fx.GraphModule
     report: Report
+    exported_program: Any = None  # torch.export.ExportedProgram | None
 
     @property
     def code(self) -> str:

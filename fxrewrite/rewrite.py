@@ -86,7 +86,8 @@ def rewrite(
 
     ``target`` is an ``nn.Module`` or a function (traced with ``torch.fx.symbolic_trace``), a
     ``GraphModule`` (copied unless ``inplace=True``) or a ``torch.export.ExportedProgram`` (its
-    ``.module()`` is rewritten; re-export the result to get a program back); the caller's
+    lifted graph is rewritten; the result's ``exported_program`` is the rewritten program, with the
+    same signature and state dict, and ``module`` its ``.module()``); the caller's
     module is never modified unless ``inplace=True``. ``max_rewrites`` bounds the number of rewrites (default: eight per
     graph node, plus 64). ``example_inputs`` lets guards read shapes and dtypes of a graph that
     carries no metadata (fake tensors are propagated through the graph, see :mod:`fxrewrite.meta`). ``debug`` (or the environment
@@ -102,6 +103,11 @@ def rewrite(
     if check_inputs is not None:
         return _checked_rewrite(target, ruleset, check_inputs, inplace=inplace, max_rewrites=max_rewrites,
                                 example_inputs=example_inputs, debug=debug, on_progress=on_progress)
+    if isinstance(target, torch.export.ExportedProgram):  # rewrite the lifted graph, build a program again
+        from .exported import rewrite_program
+
+        return rewrite_program(target, ruleset, inplace=inplace, example_inputs=example_inputs, max_rewrites=max_rewrites,
+                               debug=debug, on_progress=on_progress, _stop_after=_stop_after)
     gm = to_graph_module(target, inplace=inplace)
     if example_inputs is not None:
         propagate_inputs(gm, example_inputs)

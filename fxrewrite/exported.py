@@ -1,0 +1,204 @@
+"""ExportedProgram in, ExportedProgram out.
+
+``rewrite(program, rules)`` rewrites the program's *lifted* graph (``program.graph_module``:
+parameters, buffers and constants are placeholders, every node carries a fake tensor in
+``meta["val"]``) and builds a new :class:`torch.export.ExportedProgram` around it, the way
+torch's own passes do: the same input and output specs (only the names of the values they
+point at are brought up to date), the same state dict, constants, range constraints, module
+call graph and verifiers. The result survives ``run_decompositions()``,
+``torch.export.save``/``load`` and ``.module()``, so it can go on to AOTInductor or ExecuTorch.
+
+>>> import torch, fxrewrite
+>>> class Net(torch.nn.Module):
+...     def forward(self, x):
+...         return torch.sigmoid(x) * x
+>>> silu = fxrewrite.Rule.from_functions(lambda x: torch.sigmoid(x) * x,
+...                                      lambda x: torch.nn.functional.silu(x), name="silu")
+>>> program = torch.export.export(Net(), (torch.randn(2, 3),))
+>>> result = fxrewrite.rewrite(program, silu)
+>>> [n.target for n in result.exported_program.graph.nodes if n.op == "call_function"]
+[<OpOverload(op='aten.silu', overload='default')>]
+>>> result.exported_program.graph_signature.user_outputs
+['silu']
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.export import ExportedProgram
+from torch.export.graph_signature import (
+    ConstantArgument,
+    CustomObjArgument,
+    ExportGraphSignature,
+    InputKind,
+    InputSpec,
+    OutputSpec,
+    TensorArgument,
+)
+from torch.fx.node import Node
+
+from .errors import RewriteError
+from .report import RewriteResult
+from .rule import RuleSet
+
+__all__ = ["rebuild_program", "rewrite_program"]
+
+
+def rewrite_program(program: ExportedProgram, ruleset: RuleSet, *, inplace: bool = False,
+                    example_inputs: Sequence[Any] | None = None, **options: Any) -> RewriteResult:
+    """Rewrite ``program``'s lifted graph with ``ruleset``; the result's ``exported_program`` is
+    the rewritten program and its ``module`` is ``exported_program.module()``.
+
+    ``options`` are :func:`fxrewrite.rewrite`'s ``max_rewrites``, ``debug`` and ``on_progress``.
+    """
+    if inplace:
+        raise RewriteError(
+            "inplace=True cannot rewrite an ExportedProgram: a program is immutable. Drop inplace=True; the "
+            "result's .exported_program is the rewritten program and .module its runnable module."
+        )
+    if example_inputs is not None:
+        raise RewriteError(
+            "example_inputs= is not needed for an ExportedProgram: every node of its graph already carries "
+            "its shape and dtype (meta['val']). Drop example_inputs=."
+        )
+    from .rewrite import rewrite
+
+    result = rewrite(program.graph_module, ruleset, **options)  # rewrites a copy of the lifted graph
+    rebuilt = rebuild_program(program, result.module)
+    return RewriteResult(rebuilt.module(), result.report, exported_program=rebuilt)
+
+
+def rebuild_program(program: ExportedProgram, gm: fx.GraphModule) -> ExportedProgram:
+    """A new ``ExportedProgram`` like ``program`` whose graph is ``gm``, a rewritten copy of
+    ``program.graph_module`` (same placeholders, same number of outputs)."""
+    _refuse_module_calls(gm)
+    signature = _updated_signature(program.graph_signature, gm)
+    constants = dict(program.constants)
+    signature = _lift_new_tensors(gm, signature, constants)
+    gm.recompile()
+    try:
+        rebuilt = ExportedProgram(
+            root=gm,
+            graph=gm.graph,
+            graph_signature=signature,
+            state_dict=program.state_dict,
+            range_constraints=copy.deepcopy(program.range_constraints),
+            module_call_graph=_copied_call_graph(program),
+            example_inputs=program.example_inputs,
+            constants=constants,
+            verifiers=program.verifiers,
+        )
+    except Exception as exc:
+        raise RewriteError(
+            f"the rewritten graph is not a valid ExportedProgram: {type(exc).__name__}: {exc}. A replacement "
+            f"probably produced a call torch.export does not allow (write replacements with torch functions "
+            f"or ATen ops); rewrite program.module() instead if you only need a runnable module."
+        ) from exc
+    rebuilt.graph_module.meta.update({k: v for k, v in program.graph_module.meta.items()
+                                      if k not in rebuilt.graph_module.meta})
+    return rebuilt
+
+
+def _copied_call_graph(program: ExportedProgram) -> list[Any]:
+    """The module call graph, with fresh argument lists (the program's constructor may rename
+    arguments in them). ``copy.deepcopy`` would also copy the pytree specs, which warns."""
+    entries = []
+    for entry in program.module_call_graph:
+        signature = entry.signature
+        if signature is not None:
+            signature = dataclasses.replace(signature, inputs=[copy.copy(a) for a in signature.inputs],
+                                            outputs=[copy.copy(a) for a in signature.outputs])
+        entries.append(dataclasses.replace(entry, signature=signature))
+    return entries
+
+
+def _refuse_module_calls(gm: fx.GraphModule) -> None:
+    for node in gm.graph.nodes:
+        if node.op in ("call_module", "call_method"):
+            rule = node.meta.get("fxrewrite_rule", "a rule")
+            raise RewriteError(
+                f"{rule} put a {node.op} node ('{node.format_node()}') into an exported graph; an ExportedProgram "
+                f"holds only calls of ATen ops and functions. Write the replacement with torch functions "
+                f"(F.linear(x, m.weight, m.bias) rather than m(x)), or rewrite program.module() instead."
+            )
+
+
+def _updated_signature(old: ExportGraphSignature, gm: fx.GraphModule) -> ExportGraphSignature:
+    """``old`` with every tensor argument renamed to the node now in its place: placeholders
+    keep their names, but an output may now be computed by a node the rewrite created."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    outputs = _output_values(gm)
+    if len(placeholders) != len(old.input_specs) or len(outputs) != len(old.output_specs):
+        raise RewriteError(
+            f"the rewrite changed the program's signature ({len(old.input_specs)} inputs and "
+            f"{len(old.output_specs)} outputs became {len(placeholders)} and {len(outputs)}); this is a bug "
+            f"in fxrewrite, please report it with the rule set."
+        )
+    inputs = [InputSpec(s.kind, _renamed(s.arg, n), s.target, s.persistent)
+              for s, n in zip(old.input_specs, placeholders)]
+    outs = [OutputSpec(s.kind, _renamed(s.arg, n), s.target) for s, n in zip(old.output_specs, outputs)]
+    return ExportGraphSignature(input_specs=inputs, output_specs=outs)
+
+
+def _output_values(gm: fx.GraphModule) -> list[Any]:
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    values = output.args[0]
+    return list(values) if isinstance(values, (tuple, list)) else [values]
+
+
+def _renamed(arg: Any, value: Any) -> Any:
+    if isinstance(arg, (ConstantArgument, CustomObjArgument)) or not isinstance(value, Node):
+        return arg
+    return type(arg)(name=value.name)
+
+
+def _lift_new_tensors(gm: fx.GraphModule, signature: ExportGraphSignature,
+                      constants: dict[str, Any]) -> ExportGraphSignature:
+    """A replacement that creates a tensor (``x * torch.tensor(2.0)``) stores it on the module
+    and reads it with ``get_attr``; an exported graph takes such tensors as lifted constants:
+    a placeholder before the user inputs, an input spec of kind ``CONSTANT_TENSOR``."""
+    reads = [n for n in gm.graph.nodes if n.op == "get_attr" and isinstance(_attr(gm, n.target), torch.Tensor)]
+    if not reads:
+        return signature
+    specs = list(signature.input_specs)
+    first_user = next((i for i, s in enumerate(specs) if s.kind == InputKind.USER_INPUT), len(specs))
+    anchor = [n for n in gm.graph.nodes if n.op == "placeholder"][first_user] if first_user < len(specs) else None
+    for i, node in enumerate(reads):
+        name = f"c_fxrewrite_{node.target.replace('.', '_')}"
+        tensor = _attr(gm, node.target)
+        constants[node.target] = tensor
+        with gm.graph.inserting_before(anchor) if anchor is not None else _before_first_op(gm):
+            placeholder = gm.graph.placeholder(name)
+        placeholder.meta.update(node.meta)
+        node.replace_all_uses_with(placeholder)
+        gm.graph.erase_node(node)
+        specs.insert(first_user + i, InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(placeholder.name),
+                                               node.target, None))
+        _delete_attr(gm, node.target)
+    return ExportGraphSignature(input_specs=specs, output_specs=list(signature.output_specs))
+
+
+def _before_first_op(gm: fx.GraphModule) -> Any:
+    first = next(n for n in gm.graph.nodes if n.op != "placeholder")
+    return gm.graph.inserting_before(first)
+
+
+def _attr(gm: fx.GraphModule, target: str) -> Any:
+    owner: Any = gm
+    for part in target.split("."):
+        owner = getattr(owner, part, None)
+    return owner
+
+
+def _delete_attr(gm: fx.GraphModule, target: str) -> None:
+    *path, last = target.split(".")
+    owner: Any = gm
+    for part in path:
+        owner = getattr(owner, part)
+    delattr(owner, last)
