@@ -39,17 +39,17 @@ import torch
 import torch.fx as fx
 from torch.fx.node import Node
 
-from .canon import canonical_name, op_key_of
+from .canon import is_written, op_key_of
 from .errors import DidNotConverge, FxRewriteError, RewriteError
-from .match import Match, match_at, node_position, nodes_with_key
-from .pattern import is_mutating
+from .index import OpIndex
+from .match import Match, match_at, node_position
 from .meta import propagate_inputs
 from .replace import Splicer, insertion_point
 from .report import Report, RewriteResult, RuleStats
 from .target import to_graph_module
 from .rule import Rule, RuleSet, RulesLike, as_ruleset
 
-__all__ = ["rewrite"]
+__all__ = ["rewrite", "rewrite_graph"]
 
 logger = logging.getLogger(__name__)
 
@@ -187,31 +187,6 @@ def _drop_dead_attributes(gm: fx.GraphModule, *, owned: bool) -> None:
             delattr(gm, name)
 
 
-def _mutated(node: Node) -> bool:
-    """True when ``node``, or a view of it, is written in place somewhere in the graph."""
-    return any(is_mutating(user) and user.args and user.args[0] is alias
-               for alias in _views_of(node) for user in alias.users)
-
-
-_VIEW_OPS = frozenset({"view", "reshape", "transpose", "t", "permute", "expand", "expand_as", "squeeze", "unsqueeze",
-                       "select", "slice", "narrow", "as_strided", "unflatten", "flatten", "view_as", "reshape_as",
-                       "mT", "numpy_T", "diagonal", "unbind", "split", "chunk", "detach", "alias", "movedim"})
-
-
-def _views_of(node: Node, limit: int = 64) -> list[Node]:
-    """``node`` and the values that may share its storage (views of it, transitively)."""
-    found, stack = [node], [node]
-    while stack and len(found) < limit:
-        for user in stack.pop().users:
-            name = canonical_name(user.op, user.target) or getattr(user.target, "__name__", user.target)
-            is_view = name in _VIEW_OPS or user.target is operator.getitem or (
-                user.target is getattr and user.args[1:2] in (("T",), ("mT",), ("H",), ("mH",)))
-            if is_view and user not in found:
-                found.append(user)
-                stack.append(user)
-    return found
-
-
 def _may_match(rule: Rule, node: Node) -> bool:
     """A cheap necessary condition: every op feeding the pattern's anchor also feeds ``node``."""
     required = rule.compiled.anchor_input_keys
@@ -250,10 +225,11 @@ class _Driver:
         self.seq = itertools.count()
         self.queues: dict[int, list[tuple[Any, int, Node]]] = {}
         self.queued: dict[int, set[Node]] = {}
+        self.index = OpIndex(self.graph)  # one pass; kept current by _apply
         for p in self.levels:
-            keys = self.by_level[p]
-            nodes = [n for n in self.graph.nodes if op_key_of(n.op, n.target) in keys]
-            self.queues[p] = [(node_position(n), next(self.seq), n) for n in nodes]  # already a heap
+            nodes = [n for key in self.by_level[p] for n in self.index.nodes(key)]
+            self.queues[p] = [(node_position(n), next(self.seq), n) for n in nodes]
+            heapq.heapify(self.queues[p])
             self.queued[p] = set(nodes)
 
     def run(self) -> None:
@@ -310,7 +286,7 @@ class _Driver:
         for v in (*values, *match.outputs):
             cached = self.mutation_cache.get(v)
             if cached is None or len(v.users) > cached[0]:
-                cached = self.mutation_cache[v] = (len(v.users), _mutated(v))
+                cached = self.mutation_cache[v] = (len(v.users), is_written(v))
             if cached[1]:
                 return True
         return False
@@ -319,9 +295,9 @@ class _Driver:
         return ", ".join(f"{name} ({t.applied}x)" for name, t in self.tallies.items() if t.applied) or "none"
 
     def _nodes_with_key(self, key: Hashable) -> list[Node]:
-        """Candidates for patterns whose outputs share no node (a full scan: such patterns cost
-        a pass over the graph per anchor candidate)."""
-        return nodes_with_key(self.graph, key)
+        """Candidates for patterns whose outputs share no node, from the op index (no scan of
+        the graph per anchor candidate)."""
+        return self.index.nodes(key)
 
     def _apply(self, rule: Rule, match: Match, tally: _Tally) -> None:
         if self.rewrites >= self.budget:
@@ -330,6 +306,7 @@ class _Driver:
         self.last_rewrite = f"rule '{rule.name}' ({rule.origin}) at graph node '{match.anchor.name}'"
         started = time.perf_counter()
         created = self.splicer.splice(match, rule)
+        self.index.add(created)
         tally.seconds += time.perf_counter() - started
         tally.applied += 1
         self.rewrites += 1
@@ -384,3 +361,47 @@ class _Driver:
             f"inverse) never settle: remove one, or add a where= guard. ({origins}). Raise max_rewrites "
             f"if the graph really needs more rewrites."
         )
+
+
+def rewrite_graph(graph: fx.Graph, rules: RulesLike, *, max_rewrites: int | None = None) -> Report:
+    """Rewrite a bare ``torch.fx.Graph`` in place with ``rules`` to a fixed point; return the
+    :class:`Report`.
+
+    For passes that are handed a graph rather than a module (Inductor's custom graph passes,
+    see :func:`fxrewrite.inductor_pass`). Tensors and modules a replacement creates are
+    registered on ``graph.owning_module``; a graph without an owning module gets a new
+    ``GraphModule`` as its owner. The owning module is recompiled when something changed.
+
+    >>> import torch, torch.fx as fx
+    >>> from fxrewrite import Rule
+    >>> graph = fx.symbolic_trace(lambda a: torch.neg(torch.neg(a)) + 1).graph
+    >>> report = rewrite_graph(graph, Rule.from_functions(lambda x: torch.neg(torch.neg(x)), lambda x: x,
+    ...                                                   name="neg_neg"))
+    >>> report.applied, [n.op for n in graph.nodes]
+    ({'neg_neg': 1}, ['placeholder', 'call_function', 'output'])
+    """
+    if not isinstance(graph, fx.Graph):
+        raise RewriteError(
+            f"rewrite_graph takes a torch.fx.Graph, got {type(graph).__name__}; pass gm.graph, or use "
+            f"fxrewrite.rewrite for modules, functions and ExportedPrograms."
+        )
+    ruleset = as_ruleset(rules)
+    owner = graph.owning_module
+    gm = owner if isinstance(owner, fx.GraphModule) else fx.GraphModule(owner or torch.nn.Module(), graph)
+    budget = max_rewrites if max_rewrites is not None else 8 * len(graph.nodes) + 64
+    debug = os.environ.get("FXREWRITE_DEBUG", "") not in ("", "0")
+    started = time.perf_counter()
+    driver = _Driver(gm, ruleset, budget=budget, debug=debug)
+    driver.run()
+    if driver.rewrites:
+        try:
+            graph.lint()
+        except Exception as exc:
+            raise RewriteError(
+                f"the rewritten graph is invalid ({exc}); set FXREWRITE_DEBUG=1 to find the rule after which it "
+                f"broke. Rules applied: {driver.applied_rules()}."
+            ) from exc
+        _drop_dead_attributes(gm, owned=False)
+        gm.recompile()
+    return Report({r.name: driver.tallies[r.name].freeze() for r in ruleset}, driver.rewrites,
+                  time.perf_counter() - started, driver.last_rewrite)
