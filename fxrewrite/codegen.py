@@ -20,6 +20,7 @@ diffs, and writing a rewritten module to a folder it can be imported from.
 from __future__ import annotations
 
 import difflib
+import re
 import shutil
 from pathlib import Path
 
@@ -54,18 +55,57 @@ def code_diff(before: fx.GraphModule, after: fx.GraphModule, *, fromfile: str = 
 
 
 def write_module(gm: fx.GraphModule, folder: str | Path, module_name: str = "RewrittenModule") -> Path:
-    """Write ``gm`` with ``GraphModule.to_folder`` so that ``from <folder> import <module_name>``
-    works from any directory; returns the folder. Nothing is left behind if writing fails."""
+    """Write ``gm`` with ``GraphModule.to_folder`` as a package ``from <folder> import
+    <module_name>`` imports; returns the folder (absolute). Nothing is left behind if writing fails.
+
+    ``to_folder`` writes the absolute paths of the weight files into ``module.py``; they are
+    rewritten relative to ``module.py``'s own ``__file__``, so the folder can be moved, copied
+    or shipped and imported from its new place.
+
+    >>> import tempfile, torch
+    >>> gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    >>> folder = write_module(gm, Path(tempfile.mkdtemp()) / "tiny")
+    >>> str(folder) in (folder / "module.py").read_text()
+    False
+    """
     folder = Path(folder).resolve()
+    if not folder.name.isidentifier():
+        raise TargetError(f"cannot write the rewritten module to {folder}: the folder is imported as a Python "
+                          f"package, so its name must be an identifier; use e.g. '{_identifier(folder.name)}'.")
     existed = folder.exists()
     try:
         gm.to_folder(folder, module_name)
+        _relocatable(folder / "module.py", folder)
     except Exception as exc:
         if not existed:
             shutil.rmtree(folder, ignore_errors=True)
+        if isinstance(exc, TargetError):
+            raise
         raise TargetError(
             f"could not write the rewritten module to {folder}: {type(exc).__name__}: {exc}. GraphModule.to_folder "
             f"pickles the module's submodules; modules defined inside functions (or by torch.export's unlifted "
             f"modules) cannot be pickled. Save result.module with torch.save or re-export it instead."
         ) from exc
     return folder
+
+
+_HERE = "_fxrewrite_folder"  # the name module.py gives its own directory
+
+
+def _relocatable(module_file: Path, folder: Path) -> None:
+    """Replace the absolute ``r'<folder>/<file>'`` paths ``to_folder`` wrote by paths relative to
+    ``module.py``'s ``__file__``."""
+    source = module_file.read_text()
+    absolute = re.compile(r"r'" + re.escape(str(folder)) + r"[/\\]([^'/\\]+)'")
+    relative = absolute.sub(lambda m: f"{_HERE} / {m.group(1)!r}", source)
+    if str(folder) in relative:
+        raise TargetError(f"{module_file} still names {folder} after fxrewrite made its paths relative: torch's "
+                          f"GraphModule.to_folder writes paths in a way fxrewrite does not know. Please report it; "
+                          f"meanwhile save result.module with torch.save.")
+    header = f"import pathlib as _pathlib\n{_HERE} = _pathlib.Path(__file__).resolve().parent\n"
+    module_file.write_text(header + relative)
+
+
+def _identifier(name: str) -> str:
+    cleaned = re.sub(r"\W", "_", name)
+    return cleaned if cleaned.isidentifier() else f"_{cleaned}"

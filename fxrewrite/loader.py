@@ -32,7 +32,7 @@ from .dsl import parse_rules
 from .errors import RuleDefinitionError, RuleLoadError
 from .rule import Rule, RuleBuilder, RuleSet
 
-__all__ = ["RULE_SUFFIXES", "load_rules", "parse_rules", "standard_rules_dir"]
+__all__ = ["RULE_SUFFIXES", "import_file", "load_rules", "parse_rules", "standard_rules_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,18 +42,31 @@ RULE_SUFFIXES = (".fxr", ".py")
 _SKIPPED_FILES = frozenset({"__init__.py", "conftest.py"})
 
 
-def load_rules(path: str | Path | None = None, *, names: Mapping[str, Any] | None = None) -> RuleSet:
+def load_rules(path: str | Path | None = None, *, names: Mapping[str, Any] | None = None,
+               with_standard: bool = False) -> RuleSet:
     """The rules of a rule file, or of every rule file under a directory.
 
     A directory is walked recursively in sorted order (by relative path); ``*.fxr`` and ``*.py``
     files are loaded, except ``__init__.py``, ``conftest.py`` and anything whose name starts
     with ``.`` or ``_``. Without ``path``, the standard rule library shipped with fxrewrite is
-    loaded. ``names`` is handed to every ``.fxr`` file (see :func:`parse_rules`).
+    loaded. ``with_standard=True`` loads the standard library *and* ``path`` (standard rules
+    first): your rules added to the shipped ones. ``names`` is handed to every ``.fxr`` file
+    (see :func:`parse_rules`).
 
     Raises :class:`RuleLoadError` for a missing path, a directory without rule files or a Python
     rule file that fails to import; :class:`RuleSyntaxError` / :class:`RuleDefinitionError` for a
-    bad rule, and :class:`RuleDefinitionError` when two rules share a name.
+    bad rule, and :class:`RuleDefinitionError` when two rules share a name (also a rule of yours
+    named like a standard one, with ``with_standard=True``).
+
+    >>> import pathlib, tempfile
+    >>> mine = pathlib.Path(tempfile.mkdtemp()) / "mine.fxr"
+    >>> _ = mine.write_text("rule exp_log:\\n    torch.exp(torch.log(x)) => x\\n")
+    >>> both = load_rules(mine, with_standard=True)
+    >>> both.names[-1], len(both) == len(load_rules()) + 1
+    ('exp_log', True)
     """
+    if with_standard and path is not None:
+        return RuleSet(_unique([load_rules(names=names), load_rules(path, names=names)]))
     root = standard_rules_dir() if path is None else Path(path)
     if not root.exists():
         raise RuleLoadError(f"no such rule file or directory: '{root}'. Pass the path of a .fxr or .py file or "
@@ -134,34 +147,56 @@ def _unique(groups: Iterable[Iterable[Rule]]) -> list[Rule]:
 # ---- Python rule files -------------------------------------------------------------------------
 
 
-def _module_name(path: Path) -> str:
-    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
-    stem = re.sub(r"\W", "_", path.stem)
-    return f"fxrewrite_rules_{stem}_{digest}"
+def import_file(path: Path, *, prefix: str) -> ModuleType:
+    """Import the Python file ``path`` under a module name of its own (``prefix`` + its stem +
+    a hash of its absolute path, so two ``rules.py`` in different folders never collide), and
+    return the module. Rule files and command-line targets are both imported this way.
 
+    The file's directory is on ``sys.path`` only while it runs (so it can import the modules
+    next to it). The module stays in ``sys.modules`` (dataclasses and pickling look modules up
+    by name), unless running it raised: then the exception (``SystemExit`` too: a script that
+    parses ``sys.argv`` when imported) propagates for the caller to explain, and nothing is left.
 
-def _import(path: Path) -> ModuleType:
-    """Import a Python rule file under a name of its own; its directory is on ``sys.path`` only
-    while it runs (so it can import modules next to it)."""
-    name = _module_name(path)
+    >>> import pathlib, tempfile
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "numbers.py"
+    >>> _ = path.write_text("ANSWER = 42\\n")
+    >>> module = import_file(path, prefix="example_")
+    >>> module.ANSWER, module.__name__.startswith("example_numbers_")
+    (42, True)
+    """
+    name = _module_name(path, prefix)
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
-        raise RuleLoadError(f"cannot import Python rule file '{path}'.")
+        raise ImportError(f"'{path}' cannot be imported as a Python module (is it a .py file?).")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     directory = str(path.resolve().parent)
     sys.path.insert(0, directory)
     try:
         spec.loader.exec_module(module)
-    except (Exception, SystemExit) as exc:  # SystemExit: a script that parses sys.argv when imported
+    except BaseException:
         sys.modules.pop(name, None)
+        raise
+    finally:
+        _remove_first(sys.path, directory)
+    return module
+
+
+def _module_name(path: Path, prefix: str) -> str:
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+    stem = re.sub(r"\W", "_", path.stem)
+    return f"{prefix}{stem}_{digest}"
+
+
+def _import(path: Path) -> ModuleType:
+    """Import a Python rule file (see :func:`import_file`); a failure is a :class:`RuleLoadError`."""
+    try:
+        return import_file(path, prefix="fxrewrite_rules_")
+    except (Exception, SystemExit) as exc:  # SystemExit: a script that parses sys.argv when imported
         raise RuleLoadError(
             f"Python rule file '{path}' failed to import: {type(exc).__name__}: {exc}. Fix the file (it runs like "
             f"any Python module when it is loaded)."
         ) from exc
-    finally:
-        _remove_first(sys.path, directory)
-    return module
 
 
 def _remove_first(items: list[str], value: str) -> None:

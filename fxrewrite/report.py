@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 import torch.fx as fx
 
-__all__ = ["Report", "RewriteResult", "RuleStats"]
+__all__ = ["COLUMNS", "NO_METADATA", "Report", "RewriteResult", "RuleStats", "format_table"]
 
 
 @attrs.frozen
@@ -60,13 +60,65 @@ class Report:
     def reasons(self) -> Mapping[str, tuple[str, ...]]:
         return {name: s.reasons for name, s in self.stats.items()}
 
+    @property
+    def without_metadata(self) -> tuple[str, ...]:
+        """Rules whose guards refused a match on a graph that carries no shapes/dtypes (pass
+        ``example_inputs=`` to :func:`~fxrewrite.rewrite`, or rewrite a ``torch.export`` graph)."""
+        return tuple(name for name, s in self.stats.items() if any(NO_METADATA in r for r in s.reasons))
+
     def __str__(self) -> str:
-        width = max([len("rule"), *(len(n) for n in self.stats)])
-        lines = [f"{'rule':<{width}}  {'applied':>7}  {'tried':>7}  {'guarded':>7}  {'ms':>8}"]
-        for name, s in self.stats.items():
-            lines.append(f"{name:<{width}}  {s.applied:>7}  {s.attempts:>7}  {s.rejected:>7}  {s.seconds * 1e3:>8.2f}")
-        lines.append(f"{self.rewrites} rewrite(s) in {self.seconds * 1e3:.1f} ms")
-        return "\n".join(lines)
+        return format_table(self)
+
+
+#: Every refusal reason that blames missing shape/dtype metadata contains this phrase.
+NO_METADATA = "the graph carries no shapes/dtypes"
+
+#: The columns of a report table: what each count means is in :class:`RuleStats`.
+COLUMNS = ("rule", "fired", "guarded", "tried", "ms")
+
+_METADATA_HOW = "pass example_inputs= (or rewrite a torch.export graph)"
+
+
+def format_table(report: Report, *, all_rows: bool = False, metadata_hint: str = _METADATA_HOW) -> str:
+    """``report`` as a table: one row per rule that fired or whose guards refused a match (every
+    rule with ``all_rows=True``), then one summary line, and a hint when guards refused for lack
+    of shapes/dtypes. ``str(report)``, ``fxrewrite apply`` and the docs all show this table.
+
+    Columns: ``fired`` (rewrites applied), ``guarded`` (matches a guard refused), ``tried``
+    (anchor candidates the rule was tried at) and ``ms`` (time in the rule).
+
+    >>> stats = {"conv_bn": RuleStats(attempts=16, applied=5), "relu_relu": RuleStats(attempts=5),
+    ...          "neg_neg": RuleStats()}
+    >>> print(format_table(Report(stats, rewrites=5, seconds=0.0123)))
+    rule     fired  guarded  tried    ms
+    conv_bn      5        0     16  0.00
+    5 rewrite(s) in 12.3 ms; 2 other rule(s) did not match (1 of them was tried)
+    """
+    shown = {name: s for name, s in report.stats.items() if all_rows or s.applied or s.rejected}
+    lines = _rows(shown) if shown else []
+    summary = f"{report.rewrites} rewrite(s) in {report.seconds * 1e3:.1f} ms"
+    hidden = [s for name, s in report.stats.items() if name not in shown]
+    if hidden:
+        tried = sum(1 for s in hidden if s.attempts)
+        summary += (f"; {len(hidden)} {'other ' if shown else ''}rule(s) did not match "
+                    f"({tried} of them {'was' if tried == 1 else 'were'} tried)")
+    lines.append(summary)
+    if report.without_metadata:
+        lines.append(f"guards of {', '.join(report.without_metadata)} refused matches and {NO_METADATA}: if they "
+                     f"need them, {metadata_hint}")
+    return "\n".join(lines)
+
+
+def _rows(stats: Mapping[str, RuleStats]) -> list[str]:
+    cells = [(name, str(s.applied), str(s.rejected), str(s.attempts), f"{s.seconds * 1e3:.2f}")
+             for name, s in stats.items()]
+    widths = [max(len(column), *(len(row[i]) for row in cells)) for i, column in enumerate(COLUMNS)]
+
+    def line(row: tuple[str, ...]) -> str:
+        first = row[0].ljust(widths[0])
+        return "  ".join([first, *(cell.rjust(width) for cell, width in zip(row[1:], widths[1:], strict=True))])
+
+    return [line(COLUMNS), *(line(row) for row in cells)]
 
 
 @attrs.frozen

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import copy
 import importlib
-import importlib.util
 import inspect
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -69,15 +67,11 @@ def _import(location: str, spec: str) -> ModuleType:
 
 
 def _import_file(path: Path) -> ModuleType:
+    from .loader import import_file  # the one way fxrewrite imports a .py file by path
+
     if not path.is_file():
         raise TargetError(f"no such file: '{path}' (the current directory is {Path.cwd()}).")
-    name = f"fxrewrite_target_{abs(hash(str(path.resolve())))}"
-    module_spec = importlib.util.spec_from_file_location(name, path)
-    assert module_spec is not None and module_spec.loader is not None
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[name] = module  # dataclasses and pickling look modules up by name
-    module_spec.loader.exec_module(module)
-    return module
+    return import_file(path, prefix="fxrewrite_target_")
 
 
 def _build(obj: Any, spec: str) -> torch.nn.Module:
@@ -146,7 +140,7 @@ def _copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
 
     The copy is not recompiled here: ``rewrite`` recompiles once, after rewriting.
     """
-    graph = copy.deepcopy(gm.graph)
+    graph = _copy_graph(gm.graph)
     placeholder_graph = fx.Graph()
     placeholder_graph.output(None)
     new = fx.GraphModule(torch.nn.Module(), placeholder_graph, class_name=type(gm).__name__)
@@ -156,6 +150,25 @@ def _copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
     new._graph = graph  # the graph setter would recompile now; rewrite() recompiles at the end
     graph.owning_module = new
     new.meta = copy.copy(getattr(gm, "meta", {}))
+    return new
+
+
+def _copy_graph(graph: fx.Graph) -> fx.Graph:
+    """``copy.deepcopy(graph)`` without deep-copying its code generator.
+
+    ``Graph.__deepcopy__`` deep-copies the codegen, which for an exported module holds pytree
+    specs; rebuilding a ``LeafSpec`` prints ``FutureWarning: isinstance(treespec, LeafSpec) is
+    deprecated`` (torch 2.10+). The codegen is never mutated (rewrites replace nodes, not the
+    calling convention), so the copy gets a shallow copy of it. Nodes are copied exactly as
+    ``__deepcopy__`` copies them (``graph_copy``, ``meta`` shallow-copied).
+    """
+    new = fx.Graph(tracer_cls=graph._tracer_cls)
+    copied = new.graph_copy(graph, val_map={}, return_output_node=True)
+    new._codegen = copy.copy(graph._codegen)
+    if copied is not None:
+        value, old_output = copied
+        output = new.output(value, type_expr=getattr(old_output, "type", None))
+        output.meta = copy.copy(old_output.meta)
     return new
 
 
