@@ -145,6 +145,7 @@ def _checked_rewrite(target: Any, ruleset: RuleSet, check_inputs: Sequence[Any],
     from .verify import assert_equivalent
 
     reference = to_graph_module(target)  # an untouched copy: inplace may change ``target``
+    reference.recompile()  # a copy of a GraphModule is not compiled yet (rewrite() compiles its own result)
 
     def differs(module: torch.nn.Module) -> str | None:
         try:

@@ -37,7 +37,8 @@ from typing import Any, Union
 
 import attrs
 
-from .errors import RewriteError, RuleDefinitionError, RuleWarning
+from .errors import MetadataError, RewriteError, RuleDefinitionError, RuleWarning
+from .report import NO_METADATA
 from .pattern import Param, Pattern, trace_pattern
 
 __all__ = ["Guard", "Rule", "RuleBuilder", "RuleSet", "RulesLike", "as_ruleset", "describe_guard", "rule"]
@@ -136,12 +137,17 @@ class Rule:
     def refusal(self, match: Any) -> str | None:
         """Run the guards on ``match``: ``None`` when all accept it, else which one refused.
 
-        A guard that raises is an error (:class:`RewriteError` naming the rule and the node),
-        never a silent refusal.
+        A guard that asks for a shape or dtype the graph does not carry (it raises
+        :class:`MetadataError`) refuses, and the reason says how to get them; a guard that
+        returns False on such a graph gets the same hint. A guard that raises anything else is
+        an error (:class:`RewriteError` naming the rule and the node), never a silent refusal.
         """
         for guard in self.where:
             try:
                 ok = bool(guard(match))
+            except MetadataError:
+                return (f"guard {describe_guard(guard)} needs shapes/dtypes and {NO_METADATA}: pass "
+                        f"example_inputs= (command line: --shapes) or rewrite a torch.export graph (--export)")
             except Exception as exc:
                 raise RewriteError(
                     f"rule '{self.name}' ({self.origin}): guard {describe_guard(guard)} raised "
@@ -149,7 +155,11 @@ class Rule:
                     f"({match.anchor.format_node()}). Fix the guard; no rewrite was applied here."
                 ) from exc
             if not ok:
-                return f"guard {describe_guard(guard)} returned False"
+                reason = f"guard {describe_guard(guard)} returned False"
+                if not any("val" in n.meta or "tensor_meta" in n.meta for n in (match.anchor, *match.nodes)):
+                    reason += (f" ({NO_METADATA}; if the guard reads them, pass example_inputs= (command line: "
+                               f"--shapes) or rewrite a torch.export graph (--export))")
+                return reason
         return None
 
     def __repr__(self) -> str:
