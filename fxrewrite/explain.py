@@ -31,7 +31,7 @@ from torch.fx.node import Node
 from .match import Match, Rejection, match_at, nodes_with_key
 from .meta import propagate_inputs
 from .target import to_graph_module
-from .rule import Rule, RulesLike, as_ruleset
+from .rule import Rule, RuleSet, RulesLike, as_ruleset
 
 __all__ = ["Explanation", "Miss", "RuleExplanation", "explain", "find_matches"]
 
@@ -122,11 +122,42 @@ def find_matches(rules: RulesLike, target: Any, *,
 
 
 def explain(rules: RulesLike, target: Any, *, example_inputs: Sequence[Any] | None = None,
-            misses: int = 3) -> Explanation:
-    """For each rule: where it matches, and its ``misses`` closest misses with the reason."""
+            misses: int = 3, after: RulesLike | None = None) -> Explanation:
+    """For each rule: where it matches, and its ``misses`` closest misses with the reason.
+
+    ``after`` explains against the graph as ``rewrite`` would leave it for these rules: the
+    target is first rewritten with the rules of ``after`` (all but the ones explained, by name),
+    so nodes that the rest of a rule set removes or changes anyway are seen as they end up
+    (``fxrewrite explain --after-others``). Here the dropout is gone before ``relu_relu`` is
+    explained:
+
+    >>> import torch, fxrewrite
+    >>> relu_relu = fxrewrite.Rule.from_functions(lambda x: torch.relu(torch.relu(x)), lambda x: torch.relu(x),
+    ...                                           name="relu_relu")
+    >>> drop = fxrewrite.Rule.from_functions(lambda x: torch.nn.functional.dropout(x, 0.1, False), lambda x: x,
+    ...                                      name="no_dropout")
+    >>> def f(a):
+    ...     return torch.relu(torch.nn.functional.dropout(torch.relu(a), 0.1, False))
+    >>> explain(relu_relu, f)["relu_relu"].matches
+    ()
+    >>> explain(relu_relu, f, after=[relu_relu, drop])["relu_relu"].matches
+    ('relu_1',)
+    """
+    explained = as_ruleset(rules)
+    if after is not None:
+        target = _rewritten_by_others(target, explained, after, example_inputs)
     gm = _graph_module(target, example_inputs)
     modules = dict(gm.named_modules())
-    return Explanation(tuple(_explain_rule(rule, gm, modules, misses) for rule in as_ruleset(rules)))
+    return Explanation(tuple(_explain_rule(rule, gm, modules, misses) for rule in explained))
+
+
+def _rewritten_by_others(target: Any, explained: RuleSet, others: RulesLike,
+                         example_inputs: Sequence[Any] | None) -> fx.GraphModule:
+    from .rewrite import rewrite  # explaining after a rewrite is the one use of the driver here
+
+    names = set(explained.names)
+    rest = RuleSet(tuple(r for r in as_ruleset(others) if r.name not in names))
+    return rewrite(target, rest, example_inputs=example_inputs).module
 
 
 def _explain_rule(rule: Rule, gm: fx.GraphModule, modules: dict[str, torch.nn.Module], limit: int) -> RuleExplanation:
