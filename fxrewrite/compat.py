@@ -30,6 +30,7 @@ from torch.fx.passes.utils.matcher_utils import InternalMatch
 from torch.fx.subgraph_rewriter import Match, ReplacedPatterns, _replace_attributes
 
 from .canon import op_key_of
+from .index import OpIndex
 from .match import Match as _FxrMatch
 from .match import MatchOptions, match_at, node_position
 from .pattern import Pattern, pattern_from_graph
@@ -118,22 +119,12 @@ def find_fx_matches(gm: fx.GraphModule, pattern: Pattern, *, ignore_literals: bo
     as ``InternalMatch`` objects."""
     options = MatchOptions.torch_fx(ignore_literals=ignore_literals)
     anchors = _fx_anchors(pattern)
-    index: dict[Any, list[Node]] | None = None
-
-    def candidates(key: Any) -> list[Node]:
-        nonlocal index
-        if index is None:
-            index = {}
-            for n in gm.graph.nodes:
-                index.setdefault(op_key_of(n.op, n.target, canonical=False), []).append(n)
-        return index.get(key, [])
-
+    index = OpIndex(gm.graph, canonical=False)
     found: list[_FxrMatch] = []
     modules = dict(gm.named_modules())
     anchor_key = op_key_of(pattern.anchor.op, pattern.anchor.target, canonical=False)
-    for gn in gm.graph.nodes:
-        if op_key_of(gn.op, gn.target, canonical=False) == anchor_key:
-            found.extend(match_at(pattern, gn, gm, options=options, candidates=candidates, modules=modules))
+    for gn in index.nodes(anchor_key):
+        found.extend(match_at(pattern, gn, gm, options=options, candidates=index, modules=modules))
     found.sort(key=lambda m: tuple(node_position(m.node_map[a]) for a in anchors))
     return [_internal_match(pattern, m, anchors) for m in _without_overlaps(found)]
 

@@ -19,7 +19,6 @@ rule neg_neg (<doc>:1): 0 match(es) among 3 candidate(s) computing aten.neg
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -28,7 +27,8 @@ import torch
 import torch.fx as fx
 from torch.fx.node import Node
 
-from .match import Match, Rejection, match_at, nodes_with_key
+from .index import OpIndex
+from .match import Match, Rejection, match_at
 from .meta import propagate_inputs
 from .target import to_graph_module
 from .rule import Rule, RuleSet, RulesLike, as_ruleset
@@ -99,23 +99,16 @@ def _graph_module(target: Any, example_inputs: Sequence[Any] | None) -> fx.Graph
     return gm
 
 
-def _index(gm: fx.GraphModule) -> Any:
-    return functools.partial(nodes_with_key, gm.graph)
-
-
-def _candidates(gm: fx.GraphModule, rule: Rule) -> list[Node]:
-    return nodes_with_key(gm.graph, rule.anchor_key)
-
-
 def find_matches(rules: RulesLike, target: Any, *,
                  example_inputs: Sequence[Any] | None = None) -> Iterator[tuple[Rule, Match]]:
     """Every (rule, match) of ``rules`` in ``target``, in rule order then graph order, without
     rewriting. Matches of different rules (or of one rule at different nodes) may overlap."""
     gm = _graph_module(target, example_inputs)
     modules = dict(gm.named_modules())
+    index = OpIndex(gm.graph)
     for rule in as_ruleset(rules):
-        for node in _candidates(gm, rule):
-            for match in match_at(rule.compiled, node, gm, modules=modules, candidates=_index(gm)):
+        for node in index.nodes(rule.anchor_key):
+            for match in match_at(rule.compiled, node, gm, modules=modules, candidates=index):
                 if rule.refusal(match) is None:
                     yield rule, match
                     break
@@ -148,7 +141,8 @@ def explain(rules: RulesLike, target: Any, *, example_inputs: Sequence[Any] | No
         target = _rewritten_by_others(target, explained, after, example_inputs)
     gm = _graph_module(target, example_inputs)
     modules = dict(gm.named_modules())
-    return Explanation(tuple(_explain_rule(rule, gm, modules, misses) for rule in explained))
+    index = OpIndex(gm.graph)
+    return Explanation(tuple(_explain_rule(rule, gm, modules, index, misses) for rule in explained))
 
 
 def _rewritten_by_others(target: Any, explained: RuleSet, others: RulesLike,
@@ -160,15 +154,16 @@ def _rewritten_by_others(target: Any, explained: RuleSet, others: RulesLike,
     return rewrite(target, rest, example_inputs=example_inputs).module
 
 
-def _explain_rule(rule: Rule, gm: fx.GraphModule, modules: dict[str, torch.nn.Module], limit: int) -> RuleExplanation:
+def _explain_rule(rule: Rule, gm: fx.GraphModule, modules: dict[str, torch.nn.Module], index: OpIndex,
+                  limit: int) -> RuleExplanation:
     matches: list[str] = []
     found: list[Miss] = []
-    candidates = _candidates(gm, rule)
+    candidates = index.nodes(rule.anchor_key)
     for node in candidates:
         rejections: list[Rejection] = []
         matched = False
         for match in match_at(rule.compiled, node, gm, modules=modules, on_reject=rejections.append,
-                              candidates=_index(gm)):
+                              candidates=index):
             refusal = rule.refusal(match)
             if refusal is None:
                 matches.append(node.name)

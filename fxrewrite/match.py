@@ -37,15 +37,9 @@ from .canon import canonical_arguments, is_commutative_call, op_key_of
 from .errors import MetadataError
 from .pattern import Param, Pattern
 
-__all__ = ["Match", "MatchOptions", "Rejection", "TensorView", "match_at", "node_position", "nodes_with_key"]
+__all__ = ["Match", "MatchOptions", "Rejection", "TensorView", "match_at", "node_position"]
 
 _MISSING = object()
-
-
-def nodes_with_key(graph: fx.Graph, key: Any) -> list[Node]:
-    """The nodes of ``graph`` whose (canonical) op key is ``key``, in graph order: a full scan,
-    used for anchor candidates and for patterns whose outputs share no node."""
-    return [n for n in graph.nodes if op_key_of(n.op, n.target) == key]
 
 
 def node_position(node: Node) -> Any:

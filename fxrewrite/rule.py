@@ -283,7 +283,7 @@ RulesLike = Union[Rule, "RuleSet", Iterable[Rule]]
 
 @attrs.frozen(eq=False)
 class RuleSet:
-    """An ordered collection of rules with unique names, indexed by anchor op key.
+    """An ordered collection of rules with unique names.
 
     >>> import torch
     >>> rs = RuleSet([Rule.from_functions(lambda x: torch.neg(torch.neg(x)), lambda x: x, name="double_neg")])
@@ -292,7 +292,6 @@ class RuleSet:
     """
 
     rules: tuple[Rule, ...] = attrs.field(converter=tuple)
-    index: Mapping[Hashable, tuple[Rule, ...]] = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         seen: dict[str, Rule] = {}
@@ -305,10 +304,6 @@ class RuleSet:
                     f"rename one of them (rule names must be unique in a rule set)."
                 )
             seen[r.name] = r
-        index: dict[Hashable, list[Rule]] = {}
-        for r in sorted(self.rules, key=lambda r: -r.priority):
-            index.setdefault(r.anchor_key, []).append(r)
-        object.__setattr__(self, "index", {k: tuple(v) for k, v in index.items()})
 
     def __iter__(self) -> Iterator[Rule]:
         return iter(self.rules)

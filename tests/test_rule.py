@@ -168,14 +168,14 @@ def test_ruleset_rejects_duplicate_names_naming_both_origins():
         RuleSet([a, b])
 
 
-def test_ruleset_indexes_rules_by_anchor_op_highest_priority_first():
+def test_ruleset_keeps_the_given_order_whatever_the_priorities():
     low = Rule.from_functions(neg_neg, identity, name="low")
     high = Rule.from_functions(neg_neg, identity, name="high", priority=2)
     relu = Rule.from_functions(lambda x: torch.relu(torch.relu(x)), lambda x: torch.relu(x), name="relu")
     rs = RuleSet([low, high, relu])
-    assert [r.name for r in rs.index[("aten", "neg")]] == ["high", "low"]
-    assert [r.name for r in rs.index[("aten", "relu")]] == ["relu"]
+    assert [r.name for r in rs] == ["low", "high", "relu"]
     assert rs.names == ("low", "high", "relu") and "relu" in rs and rs["relu"] is relu
+    assert [r.anchor_key for r in rs] == [("aten", "neg"), ("aten", "neg"), ("aten", "relu")]
 
 
 def test_ruleset_lookup_of_missing_rule_lists_the_names():

@@ -1,0 +1,85 @@
+"""The nodes of one graph by op key, built in one pass and kept current while the graph changes.
+
+Rewriting asks "which nodes compute op K?" for its initial worklists and, for patterns whose
+outputs share no node, once per anchor candidate. Scanning ``graph.nodes`` for each question
+would make those rules cost O(N) per candidate; :class:`OpIndex` answers from buckets built
+once. Whoever changes the graph tells the index which nodes it created
+(:meth:`OpIndex.add`); erased nodes are dropped lazily, the next time their bucket is read.
+
+>>> import torch, torch.fx as fx
+>>> gm = fx.symbolic_trace(lambda x: torch.neg(torch.relu(x)) + torch.neg(x))
+>>> index = OpIndex(gm.graph)
+>>> [n.name for n in index.nodes(("aten", "neg"))]
+['neg', 'neg_1']
+>>> with gm.graph.inserting_before(index.nodes(("aten", "neg"))[1]):
+...     new = gm.graph.call_function(torch.neg, (index.nodes(("aten", "relu"))[0],))
+>>> index.add([new])
+>>> [n.name for n in index.nodes(("aten", "neg"))]  # graph order, not insertion order
+['neg', 'neg_2', 'neg_1']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+
+import torch.fx as fx
+from torch.fx.node import Node
+
+from .canon import op_key_of
+
+__all__ = ["OpIndex"]
+
+
+class OpIndex:
+    """Nodes of ``graph`` by :func:`~fxrewrite.canon.op_key_of` key (``canonical=False``: the
+    target as written, torch.fx's notion of "same op").
+
+    A bucket is returned as a list in graph order; the list is never modified afterwards (a
+    later change builds a new one), so callers may iterate it while rewriting. Reading a bucket
+    that did not change since it was last read costs O(1); after a change, O(size of the bucket).
+    """
+
+    def __init__(self, graph: fx.Graph, *, canonical: bool = True) -> None:
+        self.graph = graph
+        self.canonical = canonical
+        self._buckets: dict[Hashable, list[Node]] = {}
+        self._added: dict[Hashable, list[Node]] = {}
+        self._generation = 0  # bumped by every change the index is told about
+        self._clean: dict[Hashable, int] = {}  # key -> generation at which its bucket was last filtered
+        for node in graph.nodes:
+            self._buckets.setdefault(self.key(node), []).append(node)
+
+    def key(self, node: Node) -> Hashable:
+        """The key ``node`` is filed under."""
+        return op_key_of(node.op, node.target, self.canonical)
+
+    def add(self, nodes: Iterable[Node]) -> None:
+        """File nodes just created in the graph (erased ones are skipped), and note that the
+        graph changed: nodes erased since are dropped from their buckets when next read."""
+        for node in nodes:
+            if not node._erased:
+                self._added.setdefault(self.key(node), []).append(node)
+        self._generation += 1
+
+    def nodes(self, key: Hashable) -> list[Node]:
+        """The live nodes filed under ``key``, in graph order."""
+        added = self._added.pop(key, None)
+        bucket = self._buckets.get(key)
+        if bucket is None and added is None:
+            return []
+        if added is not None or self._clean.get(key) != self._generation:
+            live = [n for n in (*(bucket or ()), *(added or ())) if not n._erased]
+            if added is not None:
+                live.sort(key=_position)
+            self._buckets[key] = bucket = live
+            self._clean[key] = self._generation
+        return bucket
+
+    __call__ = nodes
+
+    def __contains__(self, key: Hashable) -> bool:
+        return bool(self.nodes(key))
+
+
+def _position(node: Node) -> object:
+    return node._sort_key
