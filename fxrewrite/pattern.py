@@ -136,8 +136,11 @@ def trace_pattern(fn: Callable[..., Any], *, rule_name: str, origin: str) -> Pat
     """
     where = f"rule '{rule_name}' ({origin})"
     params = signature_params(fn, where=where, role="pattern")
+    from .isolation import torch_state_preserved  # tracing runs fn: it must leave torch's global state as it was
+
     try:
-        graph = _PatternTracer(params).trace(fn)
+        with torch_state_preserved():
+            graph = _PatternTracer(params).trace(fn)
     except _CaptureMisuse as exc:
         raise RuleDefinitionError(f"{where}: {exc}") from None
     except RuleDefinitionError:

@@ -1,0 +1,179 @@
+"""torch_state_preserved: code run inside it (a traced pattern) leaves torch's global state as it was."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.modules.module as module_globals
+
+import fxrewrite
+from fxrewrite import isolation
+from fxrewrite.isolation import PRESERVED, torch_state_preserved
+
+
+def _hook(module, args, output):
+    return output
+
+
+#: (state, a call changing it, how to read it): one row per piece of state in PRESERVED.
+CHANGES = [
+    ("default device", lambda: torch.set_default_device("meta"), lambda: torch.ones(2).device.type),
+    ("entered device mode", lambda: torch.device("meta").__enter__(), lambda: torch.zeros(1).device.type),
+    ("default dtype", lambda: torch.set_default_dtype(torch.float64), torch.get_default_dtype),
+    ("default tensor type", lambda: torch.set_default_dtype(torch.float16), lambda: torch.ones(1).dtype),
+    ("grad mode", lambda: torch.set_grad_enabled(False), torch.is_grad_enabled),
+    ("anomaly mode", lambda: torch.set_anomaly_enabled(True, True),
+     lambda: (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())),
+    ("print options", lambda: torch.set_printoptions(precision=11, threshold=5, sci_mode=True),
+     lambda: str(torch.arange(10.0) / 3)),
+    ("deterministic", lambda: torch.use_deterministic_algorithms(True, warn_only=True),
+     lambda: (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())),
+    ("deterministic debug mode", lambda: torch.set_deterministic_debug_mode("error"),
+     torch.get_deterministic_debug_mode),
+    ("threads", lambda: torch.set_num_threads(1 if torch.get_num_threads() > 1 else 2), torch.get_num_threads),
+    ("matmul precision", lambda: torch.set_float32_matmul_precision("medium"), torch.get_float32_matmul_precision),
+    ("warn always", lambda: torch.set_warn_always(not torch.is_warn_always_enabled()), torch.is_warn_always_enabled),
+    ("cpu autocast", lambda: (torch.set_autocast_enabled("cpu", True), torch.set_autocast_dtype("cpu", torch.float16)),
+     lambda: (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))),
+    ("random generator", lambda: torch.manual_seed(1234), lambda: torch.get_rng_state().sum().item()),
+    ("global forward hook", lambda: module_globals.register_module_forward_hook(_hook),
+     lambda: dict(module_globals._global_forward_hooks)),
+    ("global forward pre-hook", lambda: module_globals.register_module_forward_pre_hook(lambda m, a: None),
+     lambda: dict(module_globals._global_forward_pre_hooks)),
+    ("global backward hook", lambda: module_globals.register_module_full_backward_hook(lambda m, gi, go: None),
+     lambda: (dict(module_globals._global_backward_hooks), module_globals._global_is_full_backward_hook)),
+    ("global buffer registration hook",
+     lambda: module_globals.register_module_buffer_registration_hook(lambda m, n, b: None),
+     lambda: dict(module_globals._global_buffer_registration_hooks)),
+]
+
+
+@pytest.mark.parametrize("what, change, read", CHANGES, ids=[c[0] for c in CHANGES])
+def test_a_change_made_inside_is_undone(what, change, read):
+    before = read()
+    with torch_state_preserved() as changes:
+        change()
+        assert read() != before, f"{what}: the change did not change anything; the test would prove nothing"
+    assert read() == before
+    assert changes.restored and not changes.failed
+
+
+def test_a_block_that_changes_nothing_restores_nothing():
+    with torch_state_preserved() as changes:
+        torch.neg(torch.ones(2))
+    assert changes.restored == () and changes.failed == ()
+
+
+def test_the_state_is_restored_when_the_block_raises_and_the_error_propagates():
+    with pytest.raises(ZeroDivisionError):
+        with torch_state_preserved():
+            torch.set_default_device("meta")
+            torch.set_grad_enabled(False)
+            1 / 0  # noqa: B018
+    assert torch.ones(1).device.type == "cpu" and torch.is_grad_enabled()
+
+
+def test_modes_entered_before_the_block_stay_entered():
+    with torch.device("meta"):
+        with torch_state_preserved():
+            torch.set_default_device("cpu")
+            assert torch.ones(1).device.type == "cpu"
+        assert torch.ones(1).device.type == "meta"
+    assert torch.ones(1).device.type == "cpu"
+
+
+def test_a_default_device_set_before_the_block_survives_it():
+    torch.set_default_device("meta")
+    try:
+        with torch_state_preserved():
+            torch.set_default_device(None)
+        assert torch.ones(1).device.type == "meta"
+    finally:
+        torch.set_default_device(None)
+    assert torch.ones(1).device.type == "cpu"
+
+
+def test_hook_dictionaries_are_restored_in_place_so_handles_stay_valid():
+    hooks = module_globals._global_forward_hooks
+    handle = module_globals.register_module_forward_hook(_hook)
+    try:
+        with torch_state_preserved():
+            module_globals.register_module_forward_hook(_hook)
+            hooks.clear()
+        assert module_globals._global_forward_hooks is hooks
+        assert list(hooks) == [handle.id]
+    finally:
+        handle.remove()
+    assert not hooks
+
+
+def test_a_leaked_inference_mode_is_undone():
+    with torch_state_preserved() as changes:
+        leaked = torch.inference_mode()
+        leaked.__enter__()  # and never __exit__
+        assert torch.is_inference_mode_enabled()
+    assert not torch.is_inference_mode_enabled()
+    assert "inference mode" in changes.restored
+    assert torch.ones(1).requires_grad_().is_leaf
+    del leaked
+
+
+def test_a_state_that_cannot_be_restored_is_reported_not_raised(monkeypatch, caplog):
+    def refuse(value):
+        raise RuntimeError("cannot set it")
+
+    broken = isolation._Item("grad mode", torch.is_grad_enabled, refuse)
+    monkeypatch.setattr(isolation, "_items", lambda: (broken,))
+    with caplog.at_level(logging.WARNING, logger="fxrewrite.isolation"):
+        with torch_state_preserved() as changes:
+            torch.set_grad_enabled(False)
+    torch.set_grad_enabled(True)
+    assert changes.failed == (("grad mode", "RuntimeError: cannot set it"),)
+    assert "could not restore grad mode" in caplog.text
+
+
+def test_every_global_hook_dictionary_of_nn_module_is_preserved():
+    names = {n for n, v in vars(module_globals).items() if n.startswith("_global_") and isinstance(v, dict)}
+    assert names and all(any(n in p for p in PRESERVED) for n in names)
+
+
+# ---- tracing a Python rule's pattern is guarded ----------------------------------------------------
+
+
+def _leaky_pattern(x):
+    torch.set_default_device("meta")
+    module_globals.register_module_forward_hook(_hook)
+    torch.set_grad_enabled(False)
+    torch.set_printoptions(precision=12)
+    torch.manual_seed(7)
+    return torch.neg(torch.neg(x))
+
+
+def _identity(x):
+    return x
+
+
+def test_building_a_python_rule_whose_pattern_changes_global_state_changes_nothing():
+    rng = torch.get_rng_state()
+    rule = fxrewrite.Rule.from_functions(_leaky_pattern, _identity, name="leaky")
+    assert torch.ones(2).device.type == "cpu"
+    assert torch.is_grad_enabled()
+    assert not module_globals._global_forward_hooks
+    assert torch._tensor_str.PRINT_OPTS.precision == 4
+    assert torch.equal(torch.get_rng_state(), rng)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    x = torch.randn(3, 2)
+    torch.testing.assert_close(model(x), x @ model[0].weight.T + model[0].bias)
+    assert rule.compiled.anchor.target is torch.neg
+
+
+def test_a_pattern_that_fails_to_trace_after_changing_state_changes_nothing():
+    def pattern(x):
+        torch.set_default_dtype(torch.float64)
+        raise ValueError("no")
+
+    with pytest.raises(fxrewrite.RuleDefinitionError):
+        fxrewrite.Rule.from_functions(pattern, _identity, name="broken")
+    assert torch.get_default_dtype() == torch.float32
