@@ -17,6 +17,7 @@ def forward(self, a):
 
 from __future__ import annotations
 
+from .analysis import Finding, analyze
 from .compat import replace_pattern, replace_pattern_with_filters
 from .errors import (
     DidNotConverge,
@@ -40,6 +41,7 @@ from .rule import Rule, RuleSet, rule
 __all__ = [
     "DidNotConverge",
     "Explanation",
+    "Finding",
     "FxRewriteError",
     "Match",
     "MetadataError",
@@ -57,6 +59,7 @@ __all__ = [
     "TargetError",
     "TensorView",
     "__version__",
+    "analyze",
     "explain",
     "find_matches",
     "load_rules",

@@ -1,12 +1,17 @@
 """The ``fxrewrite`` command line: wiring only, the work is done by the library.
 
-    fxrewrite apply TARGET [--rules PATH ...] [-o OUT] [--check] [--diff] [--show-code] [--export] [--shapes]
-    fxrewrite explain TARGET [--rules PATH ...] [--rule NAME ...] [--misses N] [--shapes] [--export]
+    fxrewrite apply TARGET [--rules PATH ...] [--add-rules PATH ...] [-o OUT] [--check] [--diff] [--show-code]
+                           [--export] [--shapes] [--max-rewrites N] [--all]
+    fxrewrite explain TARGET [--rules PATH ...] [--add-rules PATH ...] [--rule NAME ...] [--misses N] [--shapes]
+                             [--export] [--after-others]
     fxrewrite list [PATHS ...]
     fxrewrite check [PATHS ...] [--examples N] [--seed S]
 
 Exit status: 0 on success, 1 when ``--check`` finds a difference, 2 on an error (the message
 says what failed and what to do).
+
+torch is imported only by the commands that need it, so ``fxrewrite --help`` and
+``fxrewrite --version`` answer at once.
 """
 
 from __future__ import annotations
@@ -15,24 +20,32 @@ import argparse
 import sys
 from pathlib import Path
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-import torch
+from . import __version__
+from .errors import DidNotConverge, FxRewriteError, MetadataError, TargetError
 
-from .codegen import annotated_code, code_diff, write_module
-from .errors import FxRewriteError, MetadataError, TargetError
-from .rule import RuleSet
-from .target import Target, load_target, traced_or_exported
+if TYPE_CHECKING:  # the commands import these when they run (they import torch)
+    import torch
+
+    from .report import Report
+    from .rule import RuleSet
+    from .target import Target
 
 __all__ = ["main"]
 
+#: What the command line adds to a message about missing shapes/dtypes.
+_METADATA_HINT = "add --shapes (shapes from example_inputs() next to the target) or --export"
 
-def _load_rules(paths: Sequence[str] | None) -> RuleSet:
-    from .loader import load_rules
 
-    if not paths:
-        return load_rules()
-    unique = {str(Path(p).resolve()): p for p in reversed(paths)}  # the same file given twice loads once
+def _load_rules(paths: Sequence[str] | None, added: Sequence[str] | None = None) -> RuleSet:
+    """The rules of ``paths`` (default: the standard library) followed by those of ``added``
+    (``--add-rules``); a file given twice loads once."""
+    from .loader import load_rules, standard_rules_dir
+    from .rule import RuleSet
+
+    everything = [*(paths or [str(standard_rules_dir())]), *(added or [])]
+    unique = {str(Path(p).resolve()): p for p in reversed(everything)}  # the same file given twice loads once
     rules = RuleSet(())
     for path in reversed(unique.values()):
         rules = rules + load_rules(path)
@@ -47,15 +60,22 @@ def _shapes(target: Target, wanted: bool) -> tuple[Any, ...] | None:
     return target.example_inputs
 
 
+#: ``--check``'s tolerance: exact rewrites and those that only round differently pass.
+CHECK_TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
+
+
 def _check(target: Target, rewritten: torch.nn.Module, out: TextIO) -> bool:
+    import torch
+
+    from .errors import NotEquivalent
+    from .verify import assert_equivalent
+
     if target.example_inputs is None:
         raise TargetError(f"--check needs example inputs: define example_inputs() next to '{target.spec}'.")
-    with torch.no_grad():
-        expected = target.model(*target.example_inputs)
-        actual = rewritten(*target.example_inputs)
     try:
-        torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5)
-    except AssertionError as exc:
+        with torch.no_grad():
+            assert_equivalent(target.model, rewritten, target.example_inputs, **CHECK_TOLERANCE)
+    except NotEquivalent as exc:
         print(f"check: FAILED, the rewritten module differs from the original on example_inputs():\n{exc}", file=out)
         return False
     print("check: ok, the rewritten module matches the original on example_inputs()", file=out)
@@ -75,27 +95,24 @@ def _progress_display(nodes: int) -> Any:
     return show
 
 
-def _print_report(report: Any, out: TextIO) -> None:
-    active = {name: s for name, s in report.stats.items() if s.attempts or s.applied}
-    width = max([len("rule"), *(len(n) for n in active)])
-    print(f"{'rule':<{width}}  {'fired':>6}  {'guarded':>7}  {'tried':>6}  {'ms':>8}", file=out)
-    for name, s in active.items():
-        print(f"{name:<{width}}  {s.applied:>6}  {s.rejected:>7}  {s.attempts:>6}  {s.seconds * 1e3:>8.2f}", file=out)
-    idle = len(report.stats) - len(active)
-    print(f"{report.rewrites} rewrite(s) in {report.seconds * 1e3:.1f} ms; {idle} rule(s) found no candidate",
-          file=out)
+def _print_report(report: Report, out: TextIO, *, all_rows: bool) -> None:
+    from .report import format_table
+
+    print(format_table(report, all_rows=all_rows, metadata_hint=_METADATA_HINT, more="--all lists them"), file=out)
 
 
 def cmd_apply(args: argparse.Namespace, out: TextIO) -> int:
+    from .codegen import annotated_code, code_diff, write_module
     from .rewrite import rewrite
+    from .target import load_target, traced_or_exported
 
     target = load_target(args.target)
-    rules = _load_rules(args.rules)
+    rules = _load_rules(args.rules, args.add_rules)
     before = traced_or_exported(target, export=args.export)
     print(f"{target.spec}: {len(before.graph.nodes)} nodes, {len(rules)} rules", file=out)
-    result = rewrite(before, rules, example_inputs=_shapes(target, args.shapes),
+    result = rewrite(before, rules, example_inputs=_shapes(target, args.shapes), max_rewrites=args.max_rewrites,
                      on_progress=_progress_display(len(before.graph.nodes)))
-    _print_report(result.report, out)
+    _print_report(result.report, out, all_rows=args.all)
     if args.diff:
         print(code_diff(before, result.module, fromfile=f"{args.target} (before)", tofile="after"), file=out)
     if args.show_code:
@@ -111,24 +128,63 @@ def cmd_apply(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_list(args: argparse.Namespace, out: TextIO) -> int:
     rules = _load_rules(args.paths)
+    roots = _rule_roots(args.paths)
     for r in rules:
-        print(f"{r.name}  [priority {r.priority}]  {r.origin}\n    {r.doc or '(no doc)'}", file=out)
+        print(f"{r.name}  [priority {r.priority}]  {_shown_origin(r.origin, roots)}\n    {r.doc or '(no doc)'}",
+              file=out)
     print(f"{len(rules)} rule(s)", file=out)
     return 0
 
 
+def _rule_roots(paths: Sequence[str] | None) -> list[tuple[Path, str]]:
+    """Each rules directory (resolved) with the spelling to show it with: as the user wrote it,
+    or nothing for the standard library (its files are shown by their names)."""
+    from .loader import standard_rules_dir
+
+    if not paths:
+        return [(standard_rules_dir().resolve(), "")]
+    roots = []
+    for given in paths:
+        path = Path(given)
+        roots.append((path.resolve(), given) if path.is_dir() else (path.resolve().parent, str(path.parent)))
+    return roots
+
+
+def _shown_origin(origin: str, roots: Sequence[tuple[Path, str]]) -> str:
+    """``file:line`` relative to the rules directory it was loaded from, for ``.py`` and ``.fxr``
+    files alike (a ``.py`` rule's origin is the absolute path of its code)."""
+    file, sep, line = origin.rpartition(":")
+    if not sep:
+        return origin
+    resolved = Path(file).resolve()
+    for root, shown in roots:
+        if resolved.is_relative_to(root):
+            relative = resolved.relative_to(root)
+            return f"{(Path(shown) / relative).as_posix() if shown else relative.as_posix()}:{line}"
+    return origin
+
+
 def cmd_explain(args: argparse.Namespace, out: TextIO) -> int:
     from .explain import explain
+    from .report import NO_METADATA
+    from .rule import RuleSet
+    from .target import load_target, traced_or_exported
 
     target = load_target(args.target)
-    rules = _load_rules(args.rules)
+    loaded = rules = _load_rules(args.rules, args.add_rules)
     if args.rule:
         missing = [name for name in args.rule if name not in rules]
         if missing:
             raise TargetError(f"no rule named {', '.join(missing)} in the loaded rules; see `fxrewrite list`.")
         rules = RuleSet(tuple(rules[name] for name in args.rule))
     gm = traced_or_exported(target, export=args.export)
-    print(explain(rules, gm, example_inputs=_shapes(target, args.shapes), misses=args.misses), file=out)
+    if args.after_others:
+        print(f"(explained against the graph after the other {len(loaded) - len(rules)} rule(s) ran)", file=out)
+    explanation = explain(rules, gm, example_inputs=_shapes(target, args.shapes), misses=args.misses,
+                          after=loaded if args.after_others else None)
+    print(explanation, file=out)
+    if NO_METADATA in str(explanation):
+        print(f"Guards refused on a graph without shapes/dtypes: {_METADATA_HINT}.", file=out)
     return 0
 
 
@@ -138,14 +194,30 @@ def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
     return run_check(args.paths, examples=args.examples, seed=args.seed, out=out)
 
 
+def cmd_lint(args: argparse.Namespace, out: TextIO) -> int:
+    """Print what :func:`fxrewrite.analyze` finds; 1 when a finding makes rewrites fail (a loop)."""
+    from .analysis import analyze
+
+    rules = _load_rules(args.paths)
+    findings = analyze(rules)
+    for finding in findings:
+        print(f"{finding}\n", file=out)
+    counts = {s: sum(f.severity == s for f in findings) for s in ("error", "warning", "note")}
+    print(f"{len(rules)} rule(s): {counts['error']} error(s), {counts['warning']} warning(s), "
+          f"{counts['note']} note(s)", file=out)
+    return 1 if counts["error"] else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fxrewrite", description="Pattern-rewriting rules for PyTorch programs.")
+    parser.add_argument("--version", action="version", version=f"fxrewrite {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     apply = sub.add_parser("apply", help="rewrite a model with a rule set and report what changed")
     apply.add_argument("target", help="path/to/file.py:NAME or package.module:NAME (module, class or factory)")
     apply.add_argument("--rules", action="append", metavar="PATH",
                        help="rule file or directory (repeatable; default: the shipped standard library)")
+    _add_rules_option(apply)
     apply.add_argument("-o", "--output", metavar="OUT", help="write the rewritten module to this folder")
     apply.add_argument("--check", action="store_true", help="compare outputs on example_inputs() before and after")
     apply.add_argument("--diff", action="store_true", help="print a unified diff of the forward code")
@@ -153,16 +225,24 @@ def build_parser() -> argparse.ArgumentParser:
     apply.add_argument("--export", action="store_true", help="capture the model with torch.export instead of tracing")
     apply.add_argument("--shapes", action="store_true",
                        help="propagate shapes from example_inputs() so guards can read them")
+    apply.add_argument("--max-rewrites", type=int, default=None, metavar="N",
+                       help="rewrite budget before giving up with DidNotConverge (default: 8 per graph node + 64)")
+    apply.add_argument("--all", action="store_true",
+                       help="show every rule in the report (default: those that fired or were refused by a guard)")
     apply.set_defaults(run=cmd_apply)
 
     explain = sub.add_parser("explain", help="say where each rule matches and why it does not elsewhere")
     explain.add_argument("target", help="path/to/file.py:NAME or package.module:NAME")
-    explain.add_argument("--rules", action="append", metavar="PATH", help="rule file or directory (repeatable)")
+    explain.add_argument("--rules", action="append", metavar="PATH",
+                         help="rule file or directory (repeatable; default: the shipped standard library)")
+    _add_rules_option(explain)
     explain.add_argument("--rule", action="append", metavar="NAME", help="explain only this rule (repeatable)")
     explain.add_argument("--misses", type=int, default=3, help="closest misses to show per rule (default 3)")
     explain.add_argument("--shapes", action="store_true",
                          help="propagate shapes from example_inputs() so guards can read them")
     explain.add_argument("--export", action="store_true", help="capture the model with torch.export")
+    explain.add_argument("--after-others", action="store_true",
+                         help="explain against the graph after the other loaded rules ran (as apply leaves it)")
     explain.set_defaults(run=cmd_explain)
 
     check = sub.add_parser("check", help="property-test rules: does each replacement compute what its pattern computes?")
@@ -174,7 +254,18 @@ def build_parser() -> argparse.ArgumentParser:
     listing = sub.add_parser("list", help="list rules with their origin, priority and doc")
     listing.add_argument("paths", nargs="*", metavar="PATH", help="rule files or directories (default: shipped)")
     listing.set_defaults(run=cmd_list)
+
+    lint = sub.add_parser("lint", help="analyse rules before running them: loops, rules undoing each other, "
+                                       "rules that never fire")
+    lint.add_argument("paths", nargs="*", metavar="PATH", help="rule files or directories (default: shipped)")
+    lint.set_defaults(run=cmd_lint)
     return parser
+
+
+def _add_rules_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--add-rules", action="append", metavar="PATH",
+                         help="rule file or directory to use in addition to --rules or the standard library "
+                              "(repeatable)")
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
@@ -185,8 +276,10 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     except FxRewriteError as exc:
         print(f"fxrewrite {args.command}: error: {exc}", file=sys.stderr)
         if isinstance(exc.__cause__, MetadataError):
-            print("On the command line: add --shapes (shapes come from example_inputs() next to the target) "
-                  "or --export.", file=sys.stderr)
+            print(f"On the command line: {_METADATA_HINT}.", file=sys.stderr)
+        if isinstance(exc, DidNotConverge):
+            print("On the command line: raise the budget with --max-rewrites N if the graph needs more rewrites.",
+                  file=sys.stderr)
         return 2
 
 

@@ -11,6 +11,7 @@ import fxrewrite
 PUBLIC = [
     "DidNotConverge",
     "Explanation",
+    "Finding",
     "FxRewriteError",
     "Match",
     "MetadataError",
@@ -28,6 +29,7 @@ PUBLIC = [
     "TargetError",
     "TensorView",
     "__version__",
+    "analyze",
     "explain",
     "find_matches",
     "load_rules",
