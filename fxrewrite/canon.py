@@ -29,9 +29,10 @@ by its arguments as written.
 from __future__ import annotations
 
 import inspect
+import math
 import operator
 from collections.abc import Callable, Hashable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -40,14 +41,30 @@ from torch.fx.node import Node
 __all__ = [
     "ALIASES",
     "COMMUTATIVE",
+    "CONVERSION_METHODS",
     "FUNCTIONALS",
     "IGNORED_ARGUMENTS",
     "OPERATORS",
+    "VALUE_ATTRIBUTES",
+    "VALUE_METHODS",
+    "VIEW_ATTRIBUTES",
+    "ResultKind",
+    "alias_class",
+    "aliased_inputs",
     "aten_overload",
+    "aten_spelling",
     "canonical_arguments",
     "canonical_name",
+    "dtype_conversion",
+    "is_check",
     "is_commutative_call",
+    "is_written",
+    "lined_up_arguments",
+    "mutation",
     "op_key_of",
+    "result_kind",
+    "same_literal",
+    "written_arguments",
 ]
 
 #: Python operators and the ATen op each computes on tensors.
@@ -68,6 +85,9 @@ ALIASES: Mapping[str, str] = {
     "arccosh": "acosh", "arcsinh": "asinh", "arctanh": "atanh", "fix": "trunc", "special_exp2": "exp2",
     "special_expm1": "expm1", "special_log1p": "log1p", "special_round": "round", "special_sinc": "sinc",
     "special_log_softmax": "log_softmax", "special_softmax": "softmax", "matrix_power": "linalg_matrix_power",
+    "sym_size": "size", "sym_numel": "numel", "sym_stride": "stride",
+    # dtype conversions are one op, "to" (see dtype_conversion)
+    "_to_copy": "to", "type": "to",
 }
 
 #: Ops whose first two operands commute (``add``/``sub`` only with ``alpha`` 1, see below).
@@ -131,6 +151,20 @@ def _same_order(function: Callable[..., Any], name: str) -> Callable[..., Any]:
     return adapt
 
 
+def _by_name(function: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """An adapter for a functional whose parameters are its ATen op's, by name
+    (``F.rms_norm(input, normalized_shape, weight=None, eps=None)``)."""
+    signature = inspect.signature(function)
+
+    def adapt(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return name, dict(bound.arguments)
+
+    adapt.__signature__ = signature  # type: ignore[attr-defined]
+    return adapt
+
+
 _SAME_ORDER = {F.relu6: "relu6", F.hardswish: "hardswish", F.hardsigmoid: "hardsigmoid", F.mish: "mish",
                F.leaky_relu: "leaky_relu", F.elu: "elu", F.hardtanh: "hardtanh", F.selu: "selu", F.celu: "celu"}
 
@@ -143,6 +177,7 @@ FUNCTIONALS: Mapping[Callable[..., Any], tuple[str, Callable[..., Any]]] = {
     F.log_softmax: ("log_softmax", _softmax_like("log_softmax")),
     F.layer_norm: ("layer_norm", _layer_norm),
     F.dropout: ("dropout", _dropout),
+    **({F.rms_norm: ("rms_norm", _by_name(F.rms_norm, "rms_norm"))} if hasattr(F, "rms_norm") else {}),
 }
 
 #: Methods taking their list argument as varargs: ``x.permute(0, 2, 1)`` is ``permute(x, [0, 2, 1])``.
@@ -176,6 +211,8 @@ def _aten_name(name: str) -> str | None:
 def _method_name(method: str) -> str | None:
     if not isinstance(method, str) or method.startswith("_") or method.endswith("_"):
         return None  # private and in-place methods are matched as written
+    if method in CONVERSION_METHODS or method == "type":
+        return "to"
     return _aten_name(method)
 
 
@@ -197,6 +234,8 @@ def _function_name(target: Any) -> str | None:
 
 def _overload_name(packet: torch._ops.OpOverloadPacket) -> str | None:
     namespace, _, name = packet._qualified_op_name.partition("::")
+    if (namespace, name) == ("prims", "convert_element_type"):
+        return "to"
     if namespace != "aten":
         return f"{namespace}::{name}"
     return ALIASES.get(name, name)
@@ -220,6 +259,9 @@ def canonical_arguments(op: str, target: Any, args: tuple[Any, ...], kwargs: Map
     """The call's arguments named by the ATen schema of its op, defaults filled in, without
     the arguments that only select an implementation (:data:`IGNORED_ARGUMENTS`); ``None``
     when the call cannot be put in that form (no ATen op, or no overload accepts it)."""
+    conversion = dtype_conversion(op, target, args, kwargs)
+    if conversion is not None:
+        return conversion
     found = aten_overload(op, target, args, kwargs)
     if found is None:
         return None
@@ -233,6 +275,10 @@ def aten_overload(op: str, target: Any, args: tuple[Any, ...],
     name = canonical_name(op, target)
     if name is None or "::" in name:
         return _custom_op(target, args, kwargs)
+    if name == "to":
+        conversion = dtype_conversion(op, target, args, kwargs)
+        if conversion is not None and not isinstance(target, torch._ops.OpOverload):
+            return torch.ops.aten.to.dtype, {**conversion, "non_blocking": False, "copy": False, "memory_format": None}
     if op == "call_function" and target in FUNCTIONALS:
         return _functional(target, name, args, kwargs)
     if op == "call_method" and name in _VARARG_METHODS and _varargs(args):
@@ -356,7 +402,9 @@ def _scalar_like(node: Node) -> bool:
     """A node that may stand for one number in a list: a pattern's captured constant or a
     graph input (placeholders), or a node whose value is known to be an int."""
     val = node.meta.get("val", None)
-    return node.op == "placeholder" or isinstance(val, (int, torch.SymInt))
+    if node.op == "placeholder" or isinstance(val, (int, torch.SymInt)):
+        return True
+    return "val" not in node.meta and node.op == "call_function" and result_kind(node) == "value"
 
 
 def _number_as_tensor(type_name: str, value: Any) -> bool:
@@ -392,3 +440,450 @@ def is_commutative_call(op: str, target: Any, args: tuple[Any, ...], kwargs: Map
     if name not in COMMUTATIVE:
         return False
     return not kwargs or (name == "add" and set(kwargs) == {"alpha"} and kwargs["alpha"] == 1)
+
+
+# -- literals -------------------------------------------------------------------------------
+
+def same_literal(a: Any, b: Any) -> bool:
+    """Equal constants of the same type (nan equal to nan); nodes only to themselves.
+
+    >>> same_literal(2, 2), same_literal(2, 2.0), same_literal(float("nan"), float("nan"))
+    (True, False, True)
+    """
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float) and math.isnan(a):
+        return math.isnan(b)
+    try:
+        return bool(a == b)
+    except Exception:  # values whose == is not a plain bool (e.g. tensors) never compare equal
+        return False
+
+
+# -- dtype conversions ----------------------------------------------------------------------
+
+#: ``x.float()`` and friends: a conversion to a fixed dtype.
+CONVERSION_METHODS: Mapping[str, torch.dtype] = {
+    "float": torch.float32, "double": torch.float64, "half": torch.float16, "bfloat16": torch.bfloat16,
+    "int": torch.int32, "long": torch.int64, "short": torch.int16, "char": torch.int8, "byte": torch.uint8,
+    "bool": torch.bool, "cfloat": torch.complex64, "cdouble": torch.complex128,
+}
+
+_TO_COPY_DEFAULTS = {"layout": None, "device": None, "pin_memory": None, "non_blocking": False, "memory_format": None}
+
+
+def _computes_dtype(value: Any) -> bool:
+    """A dtype literal, or a node computing one (``v.dtype``, or a dtype in its metadata)."""
+    if isinstance(value, torch.dtype):
+        return True
+    if not isinstance(value, Node):
+        return False
+    if value.op == "placeholder" and value.type is torch.dtype:  # a pattern's dtype capture
+        return True
+    if value.op == "call_function" and value.target is getattr and value.args[1:2] == ("dtype",):
+        return True
+    return isinstance(value.meta.get("val"), torch.dtype)
+
+
+def dtype_conversion(op: str, target: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``{"self": x, "dtype": d}`` when the call only converts ``x`` to the dtype ``d``, in any of the
+    spellings traced, exported and compiled graphs use: ``x.float()``, ``x.type(d)``, ``x.to(d)``,
+    ``x.to(v.dtype)``, ``aten.to.dtype``, ``aten._to_copy(x, dtype=d)``, ``prims.convert_element_type``.
+
+    >>> x = torch.fx.Graph().placeholder("x")
+    >>> dtype_conversion("call_method", "half", (x,), {})
+    {'self': x, 'dtype': torch.float16}
+    >>> dtype_conversion("call_function", torch.ops.aten._to_copy.default, (x,), {"dtype": torch.float16})
+    {'self': x, 'dtype': torch.float16}
+    >>> dtype_conversion("call_method", "to", (x, "cpu"), {}) is None
+    True
+    """
+    if not args or not isinstance(args[0], Node):
+        return None
+    x, rest = args[0], args[1:]
+    if op == "call_method":
+        if target in CONVERSION_METHODS:
+            return {"self": x, "dtype": CONVERSION_METHODS[target]} if not rest and not kwargs else None
+        if target in ("to", "type"):
+            return _converted(x, rest, kwargs, {"non_blocking": False, "copy": False, "memory_format": None})
+        return None
+    if op != "call_function":
+        return None
+    if target in (torch.ops.aten.to.dtype, torch.ops.aten.to, torch.Tensor.to):
+        return _converted(x, rest, kwargs, {"non_blocking": False, "copy": False, "memory_format": None})
+    if target in (torch.ops.aten._to_copy.default, torch.ops.aten._to_copy):
+        return _converted(x, rest, kwargs, _TO_COPY_DEFAULTS)
+    if target in (torch.ops.prims.convert_element_type.default, torch.ops.prims.convert_element_type):
+        return _converted(x, rest, kwargs, {})
+    return None
+
+
+def _converted(x: Node, rest: tuple[Any, ...], kwargs: Mapping[str, Any],
+               defaults: Mapping[str, Any]) -> dict[str, Any] | None:
+    options = dict(kwargs)
+    dtype = options.pop("dtype", rest[0] if rest else None)
+    if len(rest) > (0 if "dtype" in kwargs else 1) or not _computes_dtype(dtype):
+        return None
+    if any(k not in defaults or not same_literal(v, defaults[k]) for k, v in options.items()):
+        return None
+    return {"self": x, "dtype": dtype}
+
+
+# -- check nodes ----------------------------------------------------------------------------
+
+def is_check(node: Node) -> bool:
+    """True for a node that only checks a value (``aten._assert_tensor_metadata``,
+    ``_assert_scalar``, ``sym_constrain_range_for_size``, ...): torch.export adds them; it has no
+    result and no other effect, so a match may absorb it."""
+    if node.op != "call_function" or node.users:
+        return False
+    target = node.target
+    if target is torch._assert:
+        return True
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    name = target._schema.name.partition("::")[2]
+    return name.startswith(("_assert", "sym_constrain_range", "_functional_assert", "_functional_sym_constrain"))
+
+
+# -- effects: mutation and aliasing, from the ATen schemas ------------------------------------
+
+def mutation(node: Node) -> str | None:
+    """How ``node`` writes into an argument, in words, or ``None`` when it does not.
+
+    >>> g = torch.fx.Graph(); x = g.placeholder("x")
+    >>> mutation(g.call_method("add_", (x, 1)))
+    "calls the in-place method '.add_()'"
+    >>> mutation(g.call_function(torch.ops.aten.relu.default, (x,))) is None
+    True
+    """
+    if "out" in node.kwargs:
+        return "writes into an out= argument"
+    if _inplace_flag(node):
+        return "passes inplace=True"
+    target = node.target
+    if node.op == "call_method":
+        if isinstance(target, str) and target.endswith("_") and not target.endswith("__"):
+            return f"calls the in-place method '.{target}()'"
+        return None
+    if node.op == "call_module":
+        module = _submodule(node)
+        return f"calls the in-place module '{target}'" if getattr(module, "inplace", False) is True else None
+    if node.op != "call_function":
+        return None
+    if isinstance(target, torch._ops.OpOverload):
+        return f"calls the mutating op {target}" if target._schema.is_mutable else None
+    name = getattr(target, "__name__", "")
+    if target is operator.setitem or target in _INPLACE_OPERATORS or (name.endswith("_") and not name.endswith("__")):
+        return f"calls the in-place function {name}"
+    return None
+
+
+_INPLACE_OPERATORS = frozenset({
+    operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv, operator.imod,
+    operator.ipow, operator.imatmul, operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift,
+})
+
+
+def written_arguments(node: Node) -> tuple[Node, ...]:
+    """The graph values ``node`` writes into (empty for a pure call)."""
+    if mutation(node) is None:
+        return ()
+    if "out" in node.kwargs:
+        return tuple(v for v in torch.utils._pytree.tree_leaves(node.kwargs["out"]) if isinstance(v, Node))
+    if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and not _inplace_flag(node):
+        named = _bind(node.target._schema, node.args, node.kwargs) or {}
+        written = [a.name for a in node.target._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+        return tuple(v for name in written for v in torch.utils._pytree.tree_leaves(named.get(name))
+                     if isinstance(v, Node))
+    first = node.args[0] if node.args else None
+    return (first,) if isinstance(first, Node) else ()
+
+
+def _inplace_flag(node: Node) -> bool:
+    if node.kwargs.get("inplace") is True:
+        return True
+    if node.op == "call_function" and node.target in FUNCTIONALS:
+        try:
+            bound = inspect.signature(node.target).bind(*node.args, **node.kwargs)
+        except TypeError:
+            return False
+        return bound.arguments.get("inplace") is True
+    return False
+
+
+def _submodule(node: Node) -> Any:
+    owner = node.graph.owning_module
+    try:
+        return owner.get_submodule(node.target) if owner is not None else None
+    except AttributeError:
+        return None
+
+
+#: Attributes that view their tensor (``x.T``, ``x.real``) and attributes that are Python values.
+VIEW_ATTRIBUTES = frozenset({"T", "mT", "H", "mH", "real", "imag", "data"})
+VALUE_ATTRIBUTES = frozenset({"shape", "dtype", "device", "ndim", "layout", "is_cuda", "requires_grad", "is_sparse",
+                              "is_quantized", "is_meta", "names", "itemsize", "nbytes"})
+
+
+def aliased_inputs(node: Node) -> tuple[Node, ...]:
+    """The input nodes whose storage ``node``'s result may share: from the alias annotations of
+    the ATen schema (``Tensor(a) self -> Tensor(a)``), for every spelling of the call. Calls
+    fxrewrite knows nothing about (modules, user functions) may alias any of their inputs.
+
+    >>> g = torch.fx.Graph(); x = g.placeholder("x")
+    >>> [n.name for n in aliased_inputs(g.call_method("contiguous", (x,)))]
+    ['x']
+    >>> aliased_inputs(g.call_function(torch.neg, (x,)))
+    ()
+    """
+    if node.op in ("placeholder", "get_attr", "output"):
+        return ()
+    if node.op == "call_function" and node.target is operator.getitem:
+        return (node.args[0],) if isinstance(node.args[0], Node) else ()
+    if node.op == "call_function" and node.target is getattr:
+        return (node.args[0],) if node.args[1] in VIEW_ATTRIBUTES and isinstance(node.args[0], Node) else ()
+    if result_kind(node) == "value" or is_check(node):
+        return ()
+    if node.op in ("call_function", "call_method"):
+        conversion = dtype_conversion(node.op, node.target, node.args, node.kwargs)
+        if conversion is not None:  # `to` returns its input when the dtype already fits
+            return (node.args[0],) if not _always_copies(node) else ()
+        found = aten_overload(node.op, node.target, node.args, node.kwargs)
+        if found is not None:
+            return _schema_aliases(*found)
+    return tuple(node.all_input_nodes)
+
+
+def _always_copies(node: Node) -> bool:
+    return node.target in (torch.ops.aten._to_copy.default, torch.ops.prims.convert_element_type.default)
+
+
+def _schema_aliases(overload: torch._ops.OpOverload, named: Mapping[str, Any]) -> tuple[Node, ...]:
+    sets = set()
+    for ret in overload._schema.returns:
+        if ret.alias_info is not None:
+            sets |= set(ret.alias_info.before_set) | set(ret.alias_info.after_set)
+    if not sets:
+        return ()
+    found = []
+    for argument in overload._schema.arguments:
+        info = argument.alias_info
+        if info is not None and (set(info.before_set) | set(info.after_set)) & sets:
+            found += [v for v in torch.utils._pytree.tree_leaves(named.get(argument.name)) if isinstance(v, Node)]
+    return tuple(found)
+
+
+def alias_class(node: Node, limit: int = 256) -> list[Node] | None:
+    """``node`` and every value that may share its storage: what it views (its bases), and what
+    views them, transitively; ``None`` when there are more than ``limit`` (treat as unknown)."""
+    found, stack = {node: None}, [node]
+    while stack:
+        n = stack.pop()
+        related = [*aliased_inputs(n), *(u for u in n.users if n in aliased_inputs(u))]
+        for other in related:
+            if other not in found:
+                found[other] = None
+                stack.append(other)
+                if len(found) > limit:
+                    return None
+    return list(found)
+
+
+def is_written(node: Node) -> bool:
+    """True when ``node``'s value, or any value sharing its storage, is written in place
+    somewhere in the graph (conservatively True when the alias class is too large to walk)."""
+    members = alias_class(node)
+    if members is None:
+        return True
+    member_set = set(members)
+    return any(mutation(user) is not None and member_set.intersection(written_arguments(user))
+               for member in members for user in member.users)
+
+
+# -- what a node computes -------------------------------------------------------------------
+
+ResultKind = Literal["tensor", "value", "sequence", "none", "unknown"]
+
+#: Tensor methods that compute Python values.
+VALUE_METHODS = frozenset({"dim", "size", "numel", "item", "tolist", "stride", "element_size", "nelement",
+                           "is_floating_point", "is_complex", "is_contiguous", "get_device", "data_ptr",
+                           "storage_offset", "ndimension"})
+
+_PYTHON_ARITHMETIC = frozenset({
+    operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv, operator.mod, operator.pow,
+    operator.neg, operator.pos, operator.abs, operator.eq, operator.ne, operator.lt, operator.le, operator.gt,
+    operator.ge, operator.and_, operator.or_, operator.xor, operator.not_, operator.invert,
+})
+
+
+def result_kind(node: Node) -> ResultKind:
+    """What ``node`` computes: ``"tensor"``, a Python ``"value"`` (an int, a size, a dtype ...),
+    a ``"sequence"`` (a tuple of results), ``"none"``, or ``"unknown"``. Metadata decides when
+    the node carries it; otherwise the op's schema and what fxrewrite knows of Python-level calls.
+
+    >>> gm = torch.fx.symbolic_trace(lambda a: a.reshape(a.size(0) * a.size(1)))
+    >>> [(n.name, result_kind(n)) for n in gm.graph.nodes if n.op == "call_method" or n.op == "call_function"]
+    [('size', 'value'), ('size_1', 'value'), ('mul', 'value'), ('reshape', 'tensor')]
+    """
+    return _kind(node, {})
+
+
+_KIND_BUDGET = 64  # nodes visited to decide one node's kind (Python arithmetic looks at its inputs)
+
+
+def _kind(node: Node, seen: dict[Node, ResultKind]) -> ResultKind:
+    if node in seen:
+        return seen[node]
+    if len(seen) > _KIND_BUDGET:
+        return "unknown"
+    seen[node] = "unknown"  # while deciding (a graph has no cycles; this bounds the walk)
+    kind = _kind_from_meta(node)
+    if kind is None:
+        if node.op == "get_attr":
+            kind = "tensor"
+        elif node.op == "call_method":
+            kind = _method_kind(node)
+        elif node.op == "call_function":
+            kind = _function_kind(node, seen)
+        else:
+            kind = "unknown"
+    seen[node] = kind
+    return kind
+
+
+def _kind_from_meta(node: Node) -> ResultKind | None:
+    if "val" in node.meta:
+        return _kind_of_value(node.meta["val"])
+    meta = node.meta.get("tensor_meta")
+    if meta is not None:
+        return "tensor" if hasattr(meta, "shape") else "sequence"
+    return None
+
+
+def _kind_of_value(value: Any) -> ResultKind:
+    if isinstance(value, torch.Tensor):
+        return "tensor"
+    if value is None:
+        return "none"
+    if isinstance(value, (tuple, list)) and not isinstance(value, torch.Size):
+        return "sequence"
+    return "value"
+
+
+def _method_kind(node: Node) -> ResultKind:
+    if node.target in VALUE_METHODS:
+        return "value"
+    if node.target == "type" and len(node.args) == 1 and not node.kwargs:
+        return "value"  # x.type() is the type's name
+    return _schema_kind(node)
+
+
+def _function_kind(node: Node, seen: dict[Node, ResultKind]) -> ResultKind:
+    target = node.target
+    if target is getattr:
+        if node.args[1] in VALUE_ATTRIBUTES:
+            return "value"
+        return "tensor" if node.args[1] in VIEW_ATTRIBUTES else "unknown"
+    if target is operator.getitem:
+        source = node.args[0]
+        kind = _kind(source, seen) if isinstance(source, Node) else "unknown"
+        return {"value": "value", "tensor": "tensor"}.get(kind, "unknown")
+    if getattr(target, "__module__", None) == "math":
+        return "value"
+    if target in _PYTHON_ARITHMETIC:
+        kinds = set()
+        for a in node.all_input_nodes:
+            kinds.add(_kind(a, seen))
+            if "tensor" in kinds:
+                return "tensor"
+        return "value" if kinds == {"value"} else "unknown"
+    return _schema_kind(node)
+
+
+def _schema_kind(node: Node) -> ResultKind:
+    found = aten_overload(node.op, node.target, node.args, node.kwargs)
+    if found is None:
+        return "unknown"
+    returns = found[0]._schema.returns
+    if not returns:
+        return "none"
+    if len(returns) > 1:
+        return "sequence"
+    type_name = str(returns[0].type)
+    if type_name == "Tensor":
+        return "tensor"
+    if "[]" in type_name or type_name.startswith(("List", "Tuple")):
+        return "sequence"
+    return "value"
+
+
+# -- ATen spelling --------------------------------------------------------------------------
+
+def aten_spelling(op: str, target: Any, args: tuple[Any, ...],
+                  kwargs: Mapping[str, Any]) -> tuple[str, Any, tuple[Any, ...], dict[str, Any]]:
+    """A torch-level call as the ATen overload torch.export would record, with its arguments laid
+    out as torch.export does (trailing defaults dropped); calls without an ATen op unchanged.
+
+    >>> x = torch.fx.Graph().placeholder("x")
+    >>> aten_spelling("call_method", "sum", (x, 1), {})
+    ('call_function', <OpOverload(op='aten.sum', overload='dim_IntList')>, (x, [1]), {})
+    """
+    found = aten_overload(op, target, args, kwargs)
+    if found is None:
+        return op, target, tuple(args), dict(kwargs)
+    overload, named = found
+    positional: list[tuple[Any, bool]] = []
+    keywords: dict[str, Any] = {}
+    for argument in overload._schema.arguments:
+        value = named[argument.name]
+        is_default = argument.has_default_value() and same_literal(value, argument.default_value)
+        if argument.kwarg_only:
+            if not is_default:
+                keywords[argument.name] = value
+        else:
+            positional.append((value, is_default))
+    while positional and positional[-1][1]:
+        positional.pop()
+    return "call_function", overload, tuple(v for v, _ in positional), keywords
+
+
+# -- lining up two calls of one op ----------------------------------------------------------
+
+def lined_up_arguments(pn: Node, gn: Node, canonical: bool = True
+                       ) -> tuple[tuple[str, ...], tuple[Any, ...], tuple[Any, ...]] | None:
+    """The argument names and values of two calls of the same op, lined up for comparison;
+    ``None`` when they cannot be lined up.
+
+    Calls of one target with the same argument layout compare as written. Otherwise, with
+    ``canonical``, both are lined up by the ATen schema of their op (see
+    :func:`canonical_arguments`); without it (torch.fx's rule) only calls of an ATen
+    ``OpOverload`` are, so ``aten.sum.dim_IntList(x, [1])`` and ``(x, [1], False)`` compare equal.
+    """
+    same_layout = len(pn.args) == len(gn.args) and pn.kwargs.keys() == gn.kwargs.keys()
+    if same_layout and (pn.target == gn.target or not canonical or pn.op in ("call_module", "get_attr")):
+        names = (*(f"#{i}" for i in range(len(pn.args))), *pn.kwargs)
+        return names, (*pn.args, *pn.kwargs.values()), (*gn.args, *(gn.kwargs[k] for k in pn.kwargs))
+    if canonical and pn.op in ("call_function", "call_method"):
+        p_named = canonical_arguments(pn.op, pn.target, pn.args, pn.kwargs)
+        g_named = canonical_arguments(gn.op, gn.target, gn.args, gn.kwargs)
+        if p_named is None or g_named is None or p_named.keys() != g_named.keys():
+            return None
+        return tuple(p_named), tuple(p_named.values()), tuple(g_named[k] for k in p_named)
+    if pn.op == "call_function" and isinstance(pn.target, torch._ops.OpOverload):
+        schema = pn.target._schema.arguments
+        names = tuple(a.name for a in schema)
+        return names, _by_schema(schema, pn.args, pn.kwargs), _by_schema(schema, gn.args, gn.kwargs)
+    return None
+
+
+def _by_schema(schema: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
+    values = []
+    for i, argument in enumerate(schema):
+        if argument.name in kwargs:
+            values.append(kwargs[argument.name])
+        elif not argument.kwarg_only and i < len(args):
+            values.append(args[i])
+        else:
+            values.append(argument.default_value)
+    return tuple(values)

@@ -24,22 +24,24 @@ bind the same value. A match is *sound* only if
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+import itertools
+
 import attrs
 import torch
-import torch.fx as fx
 from torch.fx.node import Node
 
-from .canon import canonical_arguments, is_commutative_call, op_key_of
+from .canon import is_check, is_commutative_call, lined_up_arguments, op_key_of, result_kind, same_literal
 from .errors import MetadataError
 from .pattern import Param, Pattern
 
-__all__ = ["Match", "MatchOptions", "Rejection", "TensorView", "match_at", "node_position"]
+__all__ = ["Match", "MatchOptions", "Rejection", "TensorView", "match_at", "module_refusal", "node_position"]
 
 _MISSING = object()
+
+LinedUp = tuple[tuple[str, ...], tuple[Any, ...], tuple[Any, ...]]
 
 
 def node_position(node: Node) -> Any:
@@ -191,6 +193,7 @@ class _Search:
         self.used: dict[Node, int] = {}
         self.record = record
         self.failure: Rejection | None = None
+        self.folded_nodes: list[Node] = []
 
     # -- bookkeeping -------------------------------------------------------------------------
     def fail(self, pn: Node, gv: Any, reason: str) -> None:
@@ -212,27 +215,27 @@ class _Search:
                 del self.used[gv]
 
     # -- structural matching -----------------------------------------------------------------
-    def value(self, pv: Any, gv: Any) -> Iterator[None]:
+    def value(self, pv: Any, gv: Any, name: str | None = None) -> Iterator[None]:
         if isinstance(pv, Node):
             yield from self.node(pv, gv)
         elif isinstance(pv, (list, tuple)):
             if isinstance(gv, (list, tuple)) and len(gv) == len(pv):
                 yield from self.sequence(pv, gv, 0)
             else:
-                self.fail(pv, gv, f"expected a sequence of {len(pv)} values, found {gv!r}")
+                self.fail(pv, gv, f"{_argument(name)}expected a sequence of {len(pv)} values, found {gv!r}")
         elif isinstance(gv, Node):
-            self.fail(pv, gv, f"expected the constant {pv!r}, found the value of node '{gv.name}'")
+            self.fail(pv, gv, f"{_argument(name)}expected the constant {pv!r}, found the value of node '{gv.name}'")
         elif self.options.ignore_literals or same_literal(pv, gv):
             yield
         else:
-            self.fail(pv, gv, f"literal differs: pattern has {pv!r}, graph has {gv!r}")
+            self.fail(pv, gv, f"{_argument(name) or 'literal '}differs: pattern has {pv!r}, graph has {gv!r}")
 
-    def sequence(self, pvs: Any, gvs: Any, i: int) -> Iterator[None]:
+    def sequence(self, pvs: Any, gvs: Any, i: int, names: tuple[str, ...] | None = None) -> Iterator[None]:
         if i == len(pvs):
             yield
             return
-        for _ in self.value(pvs[i], gvs[i]):
-            yield from self.sequence(pvs, gvs, i + 1)
+        for _ in self.value(pvs[i], gvs[i], names[i] if names else None):
+            yield from self.sequence(pvs, gvs, i + 1, names)
 
     def node(self, pn: Node, gv: Any) -> Iterator[None]:
         bound = self.p2g.get(pn, _MISSING)
@@ -255,7 +258,7 @@ class _Search:
         elif isinstance(gv, Node):
             ok = param.kind == "tensor" and not (self.options.injective and gv in self.used)
             reason = f"'{param.name}' is a {param.kind} capture and cannot bind node '{gv.name}'"
-            if ok and not self.options.variables_bind_literals and _known_non_tensor(gv):
+            if ok and not self.options.variables_bind_literals and result_kind(gv) not in ("tensor", "unknown"):
                 ok, reason = False, f"'{param.name}' is a tensor variable; node '{gv.name}' computes a Python value"
         else:
             ok = param.accepts_literal(gv) or (param.kind == "tensor" and self.options.variables_bind_literals)
@@ -268,6 +271,10 @@ class _Search:
         self.unbind(pn)
 
     def operation(self, pn: Node, gv: Any) -> Iterator[None]:
+        if pn in self.pattern.value_nodes and self.options.canonical and (
+                not isinstance(gv, Node) or op_key_of(gv.op, gv.target) != op_key_of(pn.op, pn.target)):
+            yield from self.folded(pn, gv)
+            return
         if not isinstance(gv, Node):
             self.fail(pn, gv, f"expected an operation ({pn.format_node()}), found the constant {gv!r}")
             return
@@ -278,7 +285,7 @@ class _Search:
         if self.options.injective and gv in self.used:
             self.fail(pn, gv, f"graph node '{gv.name}' is already matched by another pattern node")
             return
-        values = comparable_arguments(pn, gv, canonical)
+        values = lined_up_arguments(pn, gv, canonical)
         if values is None:
             self.fail(pn, gv, f"arguments differ: pattern {_arity(pn)}, graph {_arity(gv)}")
             return
@@ -292,7 +299,24 @@ class _Search:
             yield from self.arguments(pn, gv, values)
         self.unbind(pn)
 
-    def module(self, pn: Node, gn: Node, values: tuple[tuple[Any, ...], tuple[Any, ...]]) -> Iterator[None]:
+    def folded(self, pn: Node, gv: Any) -> Iterator[None]:
+        """A pattern expression of the bound values' sizes or dtypes (``q.size(-1)``) where the
+        graph holds a constant (torch.export folds sizes): bind it now, compare the values once
+        the whole match is known (:func:`_folded_refusal`)."""
+        if isinstance(gv, Node) and result_kind(gv) != "value":
+            self.fail(pn, gv, f"expected a Python value ({pn.format_node()}), found node '{gv.name}' computing "
+                              f"{result_kind(gv)}")
+            return
+        if not isinstance(gv, (Node, bool, int, float, torch.dtype, torch.SymInt, torch.SymFloat)):
+            self.fail(pn, gv, f"expected a Python value ({pn.format_node()}), found the constant {gv!r}")
+            return
+        self.bind(pn, gv)
+        self.folded_nodes.append(pn)
+        yield
+        self.folded_nodes.pop()
+        self.unbind(pn)
+
+    def module(self, pn: Node, gn: Node, values: LinedUp) -> Iterator[None]:
         capture = self.pattern.placeholders.get(pn.target)
         param = self.pattern.param_of.get(capture) if capture is not None else None
         module = self.modules.get(gn.target)
@@ -305,15 +329,19 @@ class _Search:
         if not isinstance(module, param.annotation):
             self.fail(pn, gn, f"module '{gn.target}' is a {type(module).__name__}, not a {param.annotation.__name__}")
             return
+        problem = module_refusal(module, param)
+        if problem is not None:
+            self.fail(pn, gn, f"module '{gn.target}' {problem}")
+            return
         for _ in self.node(capture, gn.target):
             yield from self.arguments(pn, gn, values)
 
-    def arguments(self, pn: Node, gn: Node, values: tuple[tuple[Any, ...], tuple[Any, ...]]) -> Iterator[None]:
-        p_values, g_values = values
-        yield from self.sequence(p_values, g_values, 0)
+    def arguments(self, pn: Node, gn: Node, values: LinedUp) -> Iterator[None]:
+        names, p_values, g_values = values
+        yield from self.sequence(p_values, g_values, 0, names)
         if (self.options.commutative and pn in self.pattern.commutative
                 and is_commutative_call(gn.op, gn.target, gn.args, gn.kwargs) and g_values[0] is not g_values[1]):
-            yield from self.sequence(p_values, (g_values[1], g_values[0], *g_values[2:]), 0)
+            yield from self.sequence(p_values, (g_values[1], g_values[0], *g_values[2:]), 0, names)
 
     # -- multi-output patterns ---------------------------------------------------------------
     def remaining_outputs(self) -> Iterator[None]:
@@ -368,11 +396,14 @@ def match_at(pattern: Pattern, anchor: Node, owner: torch.nn.Module | None, *,
     extend = search.remaining_outputs if pattern.is_multi_output else _once
     for _ in search.node(pattern.anchor, anchor):
         for _ in extend():
-            match, reason = _sound_match(pattern, search.p2g, anchor, modules)
-            if match is not None:
-                yield match
-            elif on_reject is not None:
-                on_reject(reason)
+            for reason in _folded_checks(search):
+                match = None
+                if reason is None:
+                    match, reason = _sound_match(pattern, search.p2g, anchor, modules)
+                if match is not None:
+                    yield match
+                elif on_reject is not None:
+                    on_reject(reason)
     if search.failure is not None and on_reject is not None:
         on_reject(search.failure)
 
@@ -385,16 +416,23 @@ def _sound_match(pattern: Pattern, p2g: Mapping[Node, Any], anchor: Node,
                  modules: Mapping[str, torch.nn.Module]) -> tuple[Match | None, Rejection | None]:
     inner = {}
     for pn in pattern.inner_nodes:
-        inner[p2g[pn]] = pn
+        gv = p2g.get(pn)
+        if isinstance(gv, Node) and pn not in pattern.value_nodes or pn in pattern.outputs:
+            inner[gv] = pn
     outputs = tuple(p2g[o] for o in pattern.outputs)
     output_set = set(outputs)
+    checks: dict[Node, None] = {}
     for gn in inner:
         if gn in output_set:
             continue
         for user in gn.users:
-            if user not in inner:
-                return None, Rejection(inner[gn], gn, f"'{gn.name}' is also used by '{user.name}' outside the match",
-                                       len(p2g))
+            if user in inner or user in checks:
+                continue
+            if is_check(user) and all(a in inner for a in user.all_input_nodes):
+                checks[user] = None  # a check of the match's own values goes with the match
+                continue
+            return None, Rejection(inner[gn], gn, f"'{gn.name}' is also used by '{user.name}' outside the match",
+                                   len(p2g))
     bindings: dict[str, Any] = {}
     module_paths: dict[str, str] = {}
     for param in pattern.params:
@@ -410,8 +448,166 @@ def _sound_match(pattern: Pattern, p2g: Mapping[Node, Any], anchor: Node,
     if pattern.is_multi_output and _creates_cycle(inner, bindings.values()):
         return None, Rejection(pattern.anchor, anchor, "replacing the match would create a cycle through the graph",
                                len(p2g))
-    nodes = tuple(sorted(inner, key=node_position))
+    nodes = tuple(sorted([*inner, *checks], key=node_position))
     return Match(pattern, bindings, nodes, outputs, anchor, module_paths, dict(p2g)), None
+
+
+def _folded_checks(search: _Search) -> Iterator[Rejection | None]:
+    """Check the folded constants of a structural match: yields ``None`` (with the pattern's
+    free variables bound) for each way they hold, else one reason. A variable that occurs only
+    inside a folded expression (``math.sqrt(t.size(-1))``, where the graph holds 2.83) is tried
+    with each tensor the match bound: the constant holds for the first that gives it."""
+    if not search.folded_nodes:
+        yield None
+        return
+    free = _free_placeholders(search.folded_nodes, search.p2g)
+    if not free:
+        yield _folded_refusal(search.folded_nodes, search.p2g)
+        return
+    tensors = list(dict.fromkeys(v for pn, v in search.p2g.items() if isinstance(v, Node) and pn.op == "placeholder"))
+    reason = None
+    for choice in itertools.product(tensors, repeat=len(free)):
+        for pn, gv in zip(free, choice):
+            search.bind(pn, gv)
+        reason = _folded_refusal(search.folded_nodes, search.p2g)
+        if reason is None:
+            yield None
+        for pn in free:
+            search.unbind(pn)
+        if reason is None:
+            return
+    yield reason or _folded_refusal(search.folded_nodes, search.p2g)
+
+
+def _free_placeholders(folded: list[Node], p2g: Mapping[Node, Any]) -> list[Node]:
+    free: dict[Node, None] = {}
+    stack = list(folded)
+    while stack:
+        n = stack.pop()
+        for a in n.all_input_nodes:
+            if a.op == "placeholder" and a not in p2g:
+                free[a] = None
+            elif a.op != "placeholder":
+                stack.append(a)
+    return list(free)
+
+
+def _folded_refusal(folded: list[Node], p2g: Mapping[Node, Any]) -> Rejection | None:
+    """Compare each folded constant with what its pattern expression gives on the metadata of
+    the values the match bound; a reason when one differs or cannot be computed."""
+    for pn in folded:
+        gv = p2g[pn]
+        try:
+            expected = _evaluate(pn, p2g, {})
+        except _NoMetadata as missing:
+            return Rejection(pn, gv, f"the graph holds {_show(gv)} where the pattern computes {pn.format_node()}; "
+                                     f"comparing them needs the shape/dtype of '{missing}', which the graph does not "
+                                     f"carry (pass example_inputs= to rewrite, or --shapes on the command line)",
+                             len(p2g))
+        actual = gv.meta.get("val", _MISSING) if isinstance(gv, Node) else gv
+        if not _same_value(expected, actual):
+            return Rejection(pn, gv, f"the graph holds {_show(gv)} where the pattern's {pn.format_node()} gives "
+                                     f"{expected!r} on the matched values", len(p2g))
+    return None
+
+
+class _NoMetadata(LookupError):
+    pass
+
+
+def _evaluate(pn: Node, p2g: Mapping[Node, Any], memo: dict[Node, Any]) -> Any:
+    """The value of a pattern expression of sizes/dtypes, computed on the bound values'
+    metadata (fake tensors): ``q.size(-1)`` on the node bound to ``q``."""
+    if pn in memo:
+        return memo[pn]
+    if pn.op in ("call_function", "call_method") and result_kind(pn) == "value":
+        args = torch.fx.node.map_arg(pn.args, lambda a: _evaluate(a, p2g, memo))
+        kwargs = torch.fx.node.map_arg(pn.kwargs, lambda a: _evaluate(a, p2g, memo))
+        if pn.op == "call_method":
+            value = getattr(args[0], str(pn.target))(*args[1:], **kwargs)
+        else:
+            value = pn.target(*args, **kwargs)  # type: ignore[operator]
+    else:  # a placeholder or a tensor the match bound: its metadata
+        value = _metadata_value(p2g.get(pn, _MISSING), pn)
+    memo[pn] = value
+    return value
+
+
+def _metadata_value(bound: Any, pn: Node) -> Any:
+    if not isinstance(bound, Node):
+        if bound is _MISSING:
+            raise _NoMetadata(pn.name)
+        return bound  # a literal capture
+    val = bound.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return val
+    meta = bound.meta.get("tensor_meta")
+    if meta is not None and hasattr(meta, "shape"):
+        return torch.empty(meta.shape, dtype=meta.dtype, device="meta")
+    raise _NoMetadata(bound.name)
+
+
+def _same_value(expected: Any, actual: Any) -> bool:
+    if actual is _MISSING:
+        return False
+    if isinstance(expected, torch.dtype) or isinstance(actual, torch.dtype):
+        return expected == actual
+    try:
+        return bool(expected == actual)
+    except Exception:  # a symbolic comparison that cannot be decided
+        return False
+
+
+def module_refusal(module: torch.nn.Module, param: Param) -> str | None:
+    """Why a module capture must not bind ``module`` (folding it away would change what the
+    program computes), or ``None``: hooks, parametrizations, and subclasses that override a
+    method of the annotated class, unless the capture accepts them (:class:`~fxrewrite.pattern.Accept`)."""
+    if not param.accept.hooks:
+        hooks = _hooks(module)
+        if hooks:
+            return (f"has {hooks}; folding it would drop their effect. If the rule is right for such modules, "
+                    f"annotate '{param.name}: Annotated[{param.annotation.__name__}, fxrewrite.Accept(hooks=True)]'")
+    if not param.accept.subclasses and type(module) is not param.annotation:
+        overridden = _overridden_methods(type(module), param.annotation)
+        if overridden:
+            return (f"is a {type(module).__name__}, a subclass of {param.annotation.__name__} that overrides "
+                    f"{', '.join(overridden)}, so it may compute something else. If the rule is right for it, "
+                    f"annotate '{param.name}: Annotated[{param.annotation.__name__}, fxrewrite.Accept(subclasses=True)]'")
+    return None
+
+
+def _hooks(module: torch.nn.Module) -> str:
+    from torch.nn.modules import module as module_module
+    from torch.nn.utils import parametrize
+
+    kinds = []
+    for attribute, what in (("_forward_hooks", "forward hooks"), ("_forward_pre_hooks", "forward pre-hooks"),
+                            ("_backward_hooks", "backward hooks"), ("_backward_pre_hooks", "backward pre-hooks")):
+        if getattr(module, attribute, None):
+            kinds.append(what)
+    if parametrize.is_parametrized(module):
+        kinds.append("a parametrization")
+    for attribute in ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                      "_global_backward_pre_hooks"):
+        if getattr(module_module, attribute, None):
+            kinds.append("global module hooks (torch.nn.modules.module.register_module_*_hook)")
+            break
+    return " and ".join(kinds)
+
+
+_HARMLESS_OVERRIDES = frozenset({"extra_repr", "_get_name"})
+
+
+def _overridden_methods(cls: type, base: type) -> list[str]:
+    found = []
+    for klass in cls.__mro__:
+        if klass is base or not issubclass(klass, base):
+            break
+        for name, value in vars(klass).items():
+            if (callable(value) and not (name.startswith("__") and name.endswith("__")) and name not in _HARMLESS_OVERRIDES
+                    and hasattr(base, name) and name not in found):
+                found.append(name)
+    return found
 
 
 def _creates_cycle(inner: Mapping[Node, Node], inputs: Iterable[Any]) -> bool:
@@ -431,52 +627,6 @@ def _creates_cycle(inner: Mapping[Node, Node], inputs: Iterable[Any]) -> bool:
     return False
 
 
-def comparable_arguments(pn: Node, gn: Node, canonical: bool = True) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
-    """The argument values of two calls of the same op, lined up for comparison; ``None`` when
-    they cannot be lined up.
-
-    Calls of one target with the same argument layout compare as written. Otherwise, with
-    ``canonical``, both are lined up by the ATen schema of their op (see
-    :func:`fxrewrite.canon.canonical_arguments`); without it (torch.fx's rule) only calls of an
-    ATen ``OpOverload`` are, so ``aten.sum.dim_IntList(x, [1])`` and ``(x, [1], False)`` compare
-    equal."""
-    same_layout = len(pn.args) == len(gn.args) and pn.kwargs.keys() == gn.kwargs.keys()
-    if same_layout and (pn.target == gn.target or not canonical or pn.op in ("call_module", "get_attr")):
-        return (*pn.args, *pn.kwargs.values()), (*gn.args, *(gn.kwargs[k] for k in pn.kwargs))
-    if canonical and pn.op in ("call_function", "call_method"):
-        p_named = canonical_arguments(pn.op, pn.target, pn.args, pn.kwargs)
-        g_named = canonical_arguments(gn.op, gn.target, gn.args, gn.kwargs)
-        if p_named is None or g_named is None or p_named.keys() != g_named.keys():
-            return None
-        return tuple(p_named.values()), tuple(g_named[k] for k in p_named)
-    if pn.op == "call_function" and isinstance(pn.target, torch._ops.OpOverload):
-        schema = pn.target._schema.arguments
-        return _by_schema(schema, pn.args, pn.kwargs), _by_schema(schema, gn.args, gn.kwargs)
-    return None
-
-
-def _by_schema(schema: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
-    values = []
-    for i, argument in enumerate(schema):
-        if argument.name in kwargs:
-            values.append(kwargs[argument.name])
-        elif not argument.kwarg_only and i < len(args):
-            values.append(args[i])
-        else:
-            values.append(argument.default_value)
-    return tuple(values)
-
-
-def _known_non_tensor(node: Node) -> bool:
-    """True when the node's metadata says it computes something other than a tensor (a
-    symbolic int such as ``x.size(0)``, a tuple, ...)."""
-    val = node.meta.get("val", None)
-    if val is None:
-        meta = node.meta.get("tensor_meta", None)
-        return False if meta is None else not hasattr(meta, "shape")
-    return not isinstance(val, torch.Tensor)
-
-
 def _attribute(node: Node) -> Any:
     owner = node.graph.owning_module
     value: Any = owner
@@ -490,16 +640,10 @@ def _same_attribute_kind(pn: Node, gn: Node) -> bool:
     return isinstance(_attribute(pn), torch.Tensor) and isinstance(_attribute(gn), torch.Tensor)
 
 
-def same_literal(a: Any, b: Any) -> bool:
-    """Equal constants of the same type (nan equal to nan); nodes only to themselves."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, float) and math.isnan(a):
-        return math.isnan(b)
-    try:
-        return bool(a == b)
-    except Exception:  # values whose == is not a plain bool (e.g. tensors) never compare equal
-        return False
+def _argument(name: str | None) -> str:
+    if name is None:
+        return ""
+    return f"argument {int(name[1:]) + 1} " if name.startswith("#") else f"argument '{name}' "
 
 
 def _show(value: Any) -> str:

@@ -17,7 +17,7 @@ module is an instance of that class).
 from __future__ import annotations
 
 import inspect
-import operator
+import typing
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, Literal
 
@@ -26,10 +26,10 @@ import torch
 import torch.fx as fx
 from torch.fx.node import Node
 
-from .canon import is_commutative_call, op_key_of
+from .canon import is_commutative_call, mutation, op_key_of, result_kind
 from .errors import RuleDefinitionError
 
-__all__ = ["LITERAL_TYPES", "Param", "Pattern", "pattern_from_graph", "trace_pattern"]
+__all__ = ["LITERAL_TYPES", "Accept", "Param", "Pattern", "pattern_from_graph", "trace_pattern"]
 
 ParamKind = Literal["tensor", "literal", "module"]
 
@@ -40,12 +40,30 @@ _INNER_OPS = frozenset({"call_function", "call_method", "call_module", "get_attr
 
 
 @attrs.frozen
+class Accept:
+    """What a module capture accepts beyond plain instances of its class, given as
+    ``typing.Annotated`` metadata::
+
+        def pattern(conv: Annotated[nn.Conv2d, fxrewrite.Accept(hooks=True)], x): ...
+
+    By default a module capture ``conv: nn.Conv2d`` refuses a module with hooks or a
+    parametrization (folding it away would drop their effect) and a subclass that overrides a
+    method of ``nn.Conv2d`` (``torch.ao.nn.qat.Conv2d`` fake-quantises its weight in ``forward``).
+    ``hooks=True`` / ``subclasses=True`` say the rule is right for those too.
+    """
+
+    hooks: bool = False
+    subclasses: bool = False
+
+
+@attrs.frozen
 class Param:
     """One pattern parameter: a variable (``tensor``), a literal capture or a module capture."""
 
     name: str
     kind: ParamKind
     annotation: Any = None
+    accept: Accept = Accept()
 
     def accepts_literal(self, value: Any) -> bool:
         """True when ``value`` (a constant in the graph) may be bound by this literal capture."""
@@ -78,6 +96,9 @@ class Pattern:
     inner_nodes: tuple[Node, ...]
     #: Op keys of the operations feeding the anchor: a graph node lacking one cannot match.
     anchor_input_keys: frozenset[Hashable] = frozenset()
+    #: Pattern nodes computing Python values from the bound tensors' metadata (``q.size(-1)``,
+    #: ``math.sqrt(q.size(-1))``, ``v.dtype``): a graph may hold them folded to a constant.
+    value_nodes: frozenset[Node] = frozenset()
 
     @property
     def is_multi_output(self) -> bool:
@@ -162,6 +183,7 @@ def pattern_from_graph(graph: fx.Graph, params: tuple[Param, ...] | None = None,
     outputs = _pattern_outputs(graph, where)
     _check_nodes(graph, param_of, outputs, where, fx_style)
     anchor = outputs[-1] if len(outputs) == 1 else max(outputs, key=_position_in(graph))
+    value_nodes = _value_nodes(graph)
     return Pattern(
         graph=graph,
         params=params,
@@ -176,7 +198,8 @@ def pattern_from_graph(graph: fx.Graph, params: tuple[Param, ...] | None = None,
         depth=_depth(graph),
         inner_nodes=tuple(n for n in graph.nodes if n.op in _INNER_OPS),
         anchor_input_keys=frozenset(op_key_of(a.op, a.target) for a in anchor.all_input_nodes
-                                    if a.op in _INNER_OPS),
+                                    if a.op in _INNER_OPS and a not in value_nodes),  # values may be folded
+        value_nodes=value_nodes,
     )
 
 
@@ -199,6 +222,12 @@ def signature_params(fn: Callable[..., Any], *, where: str, role: str) -> tuple[
 
 def _classify(p: inspect.Parameter, *, where: str, role: str) -> Param:
     ann = p.annotation
+    if typing.get_origin(ann) is typing.Annotated:
+        accepts = [m for m in ann.__metadata__ if isinstance(m, Accept)]
+        base = ann.__origin__
+        if accepts and isinstance(base, type) and issubclass(base, torch.nn.Module):
+            return Param(p.name, "module", base, accepts[0])
+        ann = base
     if ann is inspect.Parameter.empty or ann is torch.Tensor or ann is Any:
         return Param(p.name, "tensor")
     if ann in LITERAL_TYPES:
@@ -276,31 +305,9 @@ def _check_nodes(graph: fx.Graph, param_of: Mapping[Node, Param], outputs: tuple
             )
 
 
-def _mutation(n: Node) -> str | None:
-    """How ``n`` writes into an argument, in words, or ``None`` when it does not."""
-    if "out" in n.kwargs:
-        return "writes into an out= argument"
-    if n.kwargs.get("inplace") is True:
-        return "passes inplace=True"
-    if n.op == "call_method" and isinstance(n.target, str) and n.target.endswith("_") and not n.target.endswith("__"):
-        return f"calls the in-place method '.{n.target}()'"
-    if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
-        return f"calls the mutating op {n.target}" if n.target._schema.is_mutable else None
-    name = getattr(n.target, "__name__", "")
-    if n.op == "call_function" and (name.endswith("_") and not name.endswith("__") or n.target is operator.setitem):
-        return f"calls the in-place function {name}"
-    return None
-
-
-def is_mutating(n: Node) -> bool:
-    """True for a node that writes into its first argument: an in-place method (``x.add_(1)``),
-    an in-place function or mutating ATen op, ``inplace=True`` or ``out=``."""
-    return _mutation(n) is not None
-
-
 def _check_pure(n: Node, where: str) -> None:
     """Patterns describe values: no in-place ops, no out= arguments, no side effects."""
-    problem = _mutation(n)
+    problem = mutation(n)
     if problem is None and n.op in _INNER_OPS and n.op != "call_module" and n.is_impure():
         problem = "has a side effect"
     if problem:
@@ -308,6 +315,16 @@ def _check_pure(n: Node, where: str) -> None:
             f"{where}: the pattern {problem} ({n.format_node()}); patterns must be pure computations. "
             f"Match the out-of-place op instead."
         )
+
+
+def _value_nodes(graph: fx.Graph) -> frozenset[Node]:
+    """Nodes computing a Python value only from placeholders and other such nodes."""
+    found: set[Node] = set()
+    for n in graph.nodes:
+        if (n.op in ("call_function", "call_method") and result_kind(n) == "value"
+                and all(a.op == "placeholder" or a in found for a in n.all_input_nodes)):
+            found.add(n)
+    return frozenset(found)
 
 
 def _position_in(graph: fx.Graph) -> Callable[[Node], int]:

@@ -14,7 +14,9 @@ nodes erased.
 
 from __future__ import annotations
 
-import operator
+import bisect
+import dis
+import inspect
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -23,14 +25,80 @@ import torch
 import torch.fx as fx
 from torch.fx.node import Node
 
+from .canon import aten_spelling, result_kind, written_arguments
 from .errors import RewriteError
-from .canon import aten_overload
-from .match import Match, node_position, same_literal
+from .match import Match, node_position
 from .meta import has_values, propagate_values
-from .pattern import is_mutating
 from .rule import Rule
 
 __all__ = ["Splicer", "insertion_point"]
+
+
+#: What a replacement may read of a matched tensor, answered from the graph's metadata.
+CONCRETE_ATTRIBUTES = frozenset({"dtype", "shape", "device", "ndim", "is_cuda", "layout", "is_sparse", "is_quantized",
+                                 "is_meta", "is_complex_dtype"})
+CONCRETE_METHODS = frozenset({"size", "dim", "numel", "is_floating_point", "is_complex", "element_size", "ndimension",
+                              "nelement", "get_device"})
+
+
+def _concrete(value: Any) -> bool:
+    """A Python value without symbolic parts (a SymInt would leak a shape variable into code)."""
+    return not any(isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool))
+                   for v in torch.utils._pytree.tree_leaves(value))
+
+
+class _ValueProxy(fx.Proxy):
+    """A Proxy that answers ``.dtype``, ``.shape``, ``.size()``, ``.dim()``, ``.device``,
+    ``.numel()``, ``.is_floating_point()`` ... with the concrete values in its node's metadata
+    (fake tensors), so a replacement can branch on them at rewrite time; every tensor operation
+    is still recorded. Without metadata it records, like any Proxy."""
+
+    def _value(self) -> Any:
+        return self.node.meta.get("val")
+
+    def __getattr__(self, name: str) -> Any:
+        val = self._value()
+        if isinstance(val, torch.Tensor) and not name.startswith("__"):
+            if name in CONCRETE_ATTRIBUTES and _concrete(getattr(val, name)):
+                return getattr(val, name)
+            if name in CONCRETE_METHODS:
+                return _ConcreteMethod(self, name, getattr(val, name))
+        return super().__getattr__(name)
+
+    def __len__(self) -> int:
+        val = self._value()
+        if isinstance(val, (tuple, list)):
+            return len(val)
+        if isinstance(val, torch.Tensor) and val.dim() and _concrete(val.shape[0]):
+            return int(val.shape[0])
+        return super().__len__()
+
+    def __iter__(self) -> Any:
+        val = self._value()
+        if isinstance(val, (tuple, list)):
+            return iter([self[i] for i in range(len(val))])
+        frame = inspect.currentframe()
+        caller = frame.f_back if frame is not None else None
+        if caller is not None:  # a, b = proxy: unpack as torch.fx does, from the caller's bytecode
+            instructions = list(dis.get_instructions(caller.f_code))
+            index = bisect.bisect_left(instructions, caller.f_lasti, key=lambda i: i.offset)
+            if index < len(instructions) and instructions[index].opname == "UNPACK_SEQUENCE":
+                return iter([self[i] for i in range(instructions[index].argval)])
+        return self.tracer.iter(self)
+
+
+class _ConcreteMethod:
+    """``proxy.size`` on an annotated node: calling it gives the concrete answer when it has no
+    symbolic part, else records the call."""
+
+    def __init__(self, proxy: _ValueProxy, name: str, method: Any) -> None:
+        self.proxy, self.name, self.method = proxy, name, method
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        value = self.method(*args, **kwargs)
+        if _concrete(value):
+            return value
+        return self.proxy.tracer.create_proxy("call_method", self.name, (self.proxy, *args), kwargs)
 
 
 class _ReplacementTracer(fx.Tracer):
@@ -52,10 +120,12 @@ class _ReplacementTracer(fx.Tracer):
         self._tensor_paths: dict[int, str] | None = None
         self._stack_trace = ""
         self.aten = False
+        self.annotate = False
 
-    def begin(self, rule: Rule, aten: bool) -> None:
+    def begin(self, rule: Rule, aten: bool, annotate: bool = False) -> None:
         self.rule = rule
         self.aten = aten
+        self.annotate = annotate
         self.created = []
         self.new_attributes = []
         file, _, line = rule.origin.rpartition(":")
@@ -67,12 +137,17 @@ class _ReplacementTracer(fx.Tracer):
 
     def create_node(self, kind, target, args, kwargs, name=None, type_expr=None):  # type: ignore[no-untyped-def]
         if self.aten and kind in ("call_function", "call_method"):
-            kind, target, args, kwargs = _as_aten_call(kind, target, args, kwargs)
+            kind, target, args, kwargs = aten_spelling(kind, target, args, kwargs)
         node = super().create_node(kind, target, args, kwargs, name, type_expr)
         node.meta["stack_trace"] = self._stack_trace
         node.meta["fxrewrite_rule"] = self.rule.name if self.rule else None
         self.created.append(node)
+        if self.annotate:  # the replacement may ask this value's shape next
+            propagate_values(self.root, [node])
         return node
+
+    def proxy(self, node: Node) -> fx.Proxy:
+        return _ValueProxy(node, self)
 
     def create_arg(self, a: Any) -> Any:
         if isinstance(a, torch.Tensor) and not isinstance(a, fx.Proxy):
@@ -172,23 +247,24 @@ class Splicer:
             raise RewriteError(_where(rule, match) + ": no place in the graph where the replacement's inputs "
                                "are all computed and its results not yet used; this match cannot be rewritten.")
         tracer = self.tracer
-        tracer.begin(rule, aten=any(isinstance(n.target, torch._ops.OpOverload) for n in match.nodes))
+        annotated = has_values(match.bindings.values())
+        tracer.begin(rule, aten=any(isinstance(n.target, torch._ops.OpOverload) for n in match.nodes),
+                     annotate=annotated)
         try:
             with self.gm.graph.inserting_before(point):
                 result = rule.replacement(**_arguments(match, tracer))
                 new_outputs = _output_nodes(result, match, rule, tracer)
                 _refuse_input_mutation(match, rule, tracer.created)
-            if has_values(match.bindings.values()):
+            if annotated:
                 propagate_values(self.gm, tracer.created)
             _refuse_non_tensor_outputs(match, rule, new_outputs)
+            _check_created(match, rule, tracer.created)
         except Exception as exc:
             tracer.rollback()
             if isinstance(exc, RewriteError):
                 raise
-            raise RewriteError(
-                f"{_where(rule, match)}: the replacement raised {type(exc).__name__}: {exc}. The graph was left "
-                f"as it was before this rewrite; fix the replacement (it is called with Proxies for tensors)."
-            ) from exc
+            raise RewriteError(f"{_where(rule, match)}: the replacement raised {type(exc).__name__}: {exc}. The graph "
+                               f"was left as it was before this rewrite; {_fix_for(exc, annotated)}") from exc
         _rewire(match, new_outputs)
         _erase(self.gm.graph, match)
         return tracer.created
@@ -215,51 +291,10 @@ def insertion_point(match: Match) -> Node | None:
     return None
 
 
-def _as_aten_call(kind: str, target: Any, args: Any, kwargs: Any) -> tuple[str, Any, Any, Any]:
-    """In an ATen-level graph (torch.export), record a torch-level call as its ATen overload,
-    with the arguments laid out as torch.export does (trailing defaults dropped)."""
-    found = aten_overload(kind, target, args, kwargs)
-    if found is None:
-        return kind, target, args, kwargs
-    overload, named = found
-    positional: list[Any] = []
-    keywords: dict[str, Any] = {}
-    for argument in overload._schema.arguments:
-        value = named[argument.name]
-        is_default = argument.has_default_value() and same_literal(value, argument.default_value)
-        if argument.kwarg_only:
-            if not is_default:
-                keywords[argument.name] = value
-        else:
-            positional.append((value, is_default))
-    while positional and positional[-1][1]:
-        positional.pop()
-    return "call_function", overload, tuple(v for v, _ in positional), keywords
-
-
-_NON_TENSOR_METHODS = frozenset({"dim", "size", "numel", "item", "tolist", "stride", "element_size", "nelement"})
-_NON_TENSOR_ATTRIBUTES = frozenset({"shape", "dtype", "device", "ndim", "layout", "is_cuda", "requires_grad"})
-
-
-def _python_value(node: Node) -> bool:
-    """True when ``node`` is known to compute a Python value rather than a tensor (from its
-    metadata, or because it reads ``.shape``, calls ``.dim()``, indexes such a value, ...)."""
-    val = node.meta.get("val", None)
-    if val is not None:
-        return not isinstance(val, torch.Tensor)
-    if node.op == "call_method":
-        return node.target in _NON_TENSOR_METHODS
-    if node.op == "call_function" and node.target is getattr:
-        return node.args[1] in _NON_TENSOR_ATTRIBUTES
-    if node.op == "call_function" and node.target is operator.getitem and isinstance(node.args[0], Node):
-        return _python_value(node.args[0])
-    return False
-
-
 def _refuse_non_tensor_outputs(match: Match, rule: Rule, outputs: list[Node]) -> None:
     """Where the pattern matched a tensor, the replacement must return one, not ``x.shape``."""
     for i, (old, new) in enumerate(zip(match.outputs, outputs)):
-        if _python_value(new) and not _python_value(old):
+        if result_kind(new) == "value" and result_kind(old) != "value":
             raise RewriteError(
                 f"{_where(rule, match)}: output {i} of the replacement ({new.format_node()}) is not a tensor, but "
                 f"the pattern matched a tensor there; return a tensor computed from the replacement's arguments."
@@ -269,11 +304,49 @@ def _refuse_non_tensor_outputs(match: Match, rule: Rule, outputs: list[Node]) ->
 def _refuse_input_mutation(match: Match, rule: Rule, created: list[Node]) -> None:
     inputs = {v for v in match.bindings.values() if isinstance(v, Node)}
     for node in created:
-        if is_mutating(node) and node.args and node.args[0] in inputs:
+        written = [v for v in written_arguments(node) if v in inputs]
+        if written:
             raise RewriteError(
-                f"{_where(rule, match)}: the replacement writes in place into its input '{node.args[0].name}' "
+                f"{_where(rule, match)}: the replacement writes in place into its input '{written[0].name}' "
                 f"({node.format_node()}), which the rest of the program still reads; use the out-of-place op."
             )
+
+
+def _fix_for(exc: Exception, annotated: bool) -> str:
+    if isinstance(exc, fx.proxy.TraceError) and not annotated:
+        return ("the replacement branches on a shape, dtype or value the graph does not carry. Pass "
+                "example_inputs=(...) to rewrite (on the command line: --shapes) so replacements see the matched "
+                "values' shapes and dtypes, or rewrite a torch.export graph (it carries them).")
+    return "fix the replacement (it is called with Proxies for tensors)."
+
+
+#: Integer constants beyond what a torch op takes (int64) cannot be a node's argument.
+_INT_LIMIT = 1 << 63
+
+
+def _check_created(match: Match, rule: Rule, created: list[Node]) -> None:
+    """The new nodes read only live nodes of this graph that come before them, and no constant
+    no op can take: a replacement that kept a Proxy from another rewrite, or computed a
+    gigantic Python int, is refused before it can break the graph or its code."""
+    graph = match.anchor.graph
+    positions = {n: i for i, n in enumerate(created)}
+    for node in created:
+        for arg in node.all_input_nodes:
+            stale = arg._erased or arg.graph is not graph or (arg in positions and positions[arg] > positions[node])
+            if stale:
+                raise RewriteError(
+                    f"{_where(rule, match)}: the replacement's node '{node.name}' reads '{arg.name}', which is not a "
+                    f"live value of this graph at that point (a Proxy kept from another rewrite?). The graph was left "
+                    f"as it was; compute everything from the replacement's own arguments.")
+        for value in torch.utils._pytree.tree_leaves((node.args, node.kwargs)):
+            if isinstance(value, int) and not isinstance(value, bool) and not -_INT_LIMIT <= value < _INT_LIMIT:
+                raise RewriteError(
+                    f"{_where(rule, match)}: the replacement passes the integer constant {_short(value)} to "
+                    f"'{node.name}', beyond int64; no torch op takes it. The graph was left as it was.")
+
+
+def _short(value: int) -> str:
+    return f"with {value.bit_length()} bits" if value.bit_length() > 128 else str(value)
 
 
 def _where(rule: Rule, match: Match) -> str:
@@ -282,13 +355,15 @@ def _where(rule: Rule, match: Match) -> str:
 
 def _arguments(match: Match, tracer: _ReplacementTracer) -> dict[str, Any]:
     return {
-        name: fx.Proxy(value, tracer) if isinstance(value, Node) else value
+        name: tracer.proxy(value) if isinstance(value, Node) else value
         for name, value in match.bindings.items()
     }
 
 
 def _output_nodes(result: Any, match: Match, rule: Rule, tracer: _ReplacementTracer) -> list[Node]:
     n_out = len(match.outputs)
+    if n_out > 1 and isinstance(result, fx.Proxy):  # one call returning several tensors (split, topk, ...)
+        result = _unpacked(result, n_out, match, rule)
     values = list(result) if n_out > 1 and isinstance(result, (tuple, list)) else [result]
     if len(values) != n_out:
         got = f"{len(values)} value(s)" if isinstance(result, (tuple, list)) else f"a single {type(result).__name__}"
@@ -309,6 +384,17 @@ def _output_nodes(result: Any, match: Match, rule: Rule, tracer: _ReplacementTra
                 f"arguments (or a torch.Tensor constant)."
             )
     return nodes
+
+
+def _unpacked(result: fx.Proxy, n_out: int, match: Match, rule: Rule) -> list[Any]:
+    val = result.node.meta.get("val")
+    if isinstance(val, (tuple, list)) and len(val) != n_out:
+        raise RewriteError(
+            f"{_where(rule, match)}: the pattern has {n_out} outputs but the replacement returned one call with "
+            f"{len(val)} results; return exactly one value per pattern output.")
+    if result_kind(result.node) == "tensor":
+        return [result]  # one tensor: reported as a count mismatch below
+    return [result[i] for i in range(n_out)]
 
 
 def _rewire(match: Match, new_outputs: list[Node]) -> None:
