@@ -32,6 +32,7 @@ from .errors import (
     TargetError,
 )
 from .explain import Explanation, explain, find_matches
+from .inductor import backend, inductor_pass
 from .loader import load_rules, parse_rules
 from .match import Match, TensorView
 from .report import Report, RewriteResult, RuleStats
@@ -60,8 +61,10 @@ __all__ = [
     "TensorView",
     "__version__",
     "analyze",
+    "backend",
     "explain",
     "find_matches",
+    "inductor_pass",
     "load_rules",
     "parse_rules",
     "replace_pattern",
