@@ -126,7 +126,7 @@ def to_graph_module(target: Any, *, inplace: bool = False) -> fx.GraphModule:
             f"or a function of tensors."
         )
     try:
-        return fx.symbolic_trace(target)
+        return _traced(target)
     except Exception as exc:
         raise RewriteError(
             f"torch.fx.symbolic_trace could not trace {type(target).__name__}: {type(exc).__name__}: {exc}. "
@@ -138,37 +138,76 @@ def to_graph_module(target: Any, *, inplace: bool = False) -> fx.GraphModule:
 def _copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
     """A new GraphModule with a copy of ``gm``'s graph, sharing parameters and submodules with it.
 
-    The copy is not recompiled here: ``rewrite`` recompiles once, after rewriting.
+    The copy is not compiled here: ``rewrite`` compiles once, after rewriting.
     """
-    graph = _copy_graph(gm.graph)
-    placeholder_graph = fx.Graph()
-    placeholder_graph.output(None)
-    new = fx.GraphModule(torch.nn.Module(), placeholder_graph, class_name=type(gm).__name__)
-    for node in graph.nodes:
-        if node.op in ("get_attr", "call_module"):
-            _copy_attr(gm, new, node.target)
-    new._graph = graph  # the graph setter would recompile now; rewrite() recompiles at the end
-    graph.owning_module = new
+    new = _module_without_code(gm, _copy_graph(gm.graph), type(gm).__name__)
     new.meta = copy.copy(getattr(gm, "meta", {}))
     return new
 
 
-def _copy_graph(graph: fx.Graph) -> fx.Graph:
-    """``copy.deepcopy(graph)`` without deep-copying its code generator.
+def _traced(target: torch.nn.Module | Any) -> fx.GraphModule:
+    """``torch.fx.symbolic_trace(target)``, without compiling the traced graph's code: ``rewrite``
+    compiles once, after rewriting."""
+    tracer = fx.Tracer()
+    graph = tracer.trace(target)
+    name = type(target).__name__ if isinstance(target, torch.nn.Module) else target.__name__
+    return _module_without_code(tracer.root, graph, name)
 
-    ``Graph.__deepcopy__`` deep-copies the codegen, which for an exported module holds pytree
-    specs; rebuilding a ``LeafSpec`` prints ``FutureWarning: isinstance(treespec, LeafSpec) is
-    deprecated`` (torch 2.10+). The codegen is never mutated (rewrites replace nodes, not the
-    calling convention), so the copy gets a shallow copy of it. Nodes are copied exactly as
-    ``__deepcopy__`` copies them (``graph_copy``, ``meta`` shallow-copied).
+
+def _module_without_code(root: torch.nn.Module, graph: fx.Graph, class_name: str) -> fx.GraphModule:
+    """``fx.GraphModule(root, graph, class_name)`` whose code is not generated yet: call
+    ``recompile()`` before running it. (The GraphModule constructor compiles the graph it is given;
+    here that is a one-node placeholder graph, and ``graph`` is set afterwards.)"""
+    placeholder_graph = fx.Graph()
+    placeholder_graph.output(None)
+    new = fx.GraphModule(torch.nn.Module(), placeholder_graph, class_name=class_name)
+    for node in graph.nodes:
+        if node.op in ("get_attr", "call_module"):
+            _copy_attr(root, new, node.target)
+    new._graph = graph  # the graph setter would compile it now
+    graph.owning_module = new
+    new.training = root.training
+    tracer_cls = graph._tracer_cls
+    new._tracer_cls = tracer_cls if tracer_cls and "<locals>" not in tracer_cls.__qualname__ else None
+    new._tracer_extras = graph._tracer_extras or {}
+    return new
+
+
+def _copy_graph(graph: fx.Graph) -> fx.Graph:
+    """A copy of ``graph``: the same nodes (names, ops, targets, arguments, types, shallow copies
+    of ``meta``) in a new graph, built in one pass.
+
+    It is what ``copy.deepcopy(graph)`` builds, made cheaply: the names are already unique, so
+    each node is built directly under its name instead of through ``Graph.create_node`` (whose
+    name regeneration and per-argument pytree walk cost as much as a ``recompile()``), and the
+    namespace is copied whole, so names created later in the copy are those the original would
+    create. The code generator is shallow-copied: ``Graph.__deepcopy__`` deep-copies it, which
+    for an exported module rebuilds pytree specs and prints ``FutureWarning: isinstance(treespec,
+    LeafSpec) is deprecated`` (torch 2.10+); rewrites never mutate it.
+
+    >>> import torch
+    >>> gm = fx.symbolic_trace(lambda x: torch.relu(x) + torch.relu(x))
+    >>> copied = _copy_graph(gm.graph)
+    >>> [n.name for n in copied.nodes] == [n.name for n in gm.graph.nodes], copied.python_code("self").src == gm.code
+    (True, True)
     """
     new = fx.Graph(tracer_cls=graph._tracer_cls)
-    copied = new.graph_copy(graph, val_map={}, return_output_node=True)
+    env: dict[fx.Node, fx.Node] = {}
+    namespace = new._graph_namespace
+    for node in graph.nodes:
+        args = fx.node.map_arg(node.args, env.__getitem__)
+        kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
+        copied = fx.Node(new, node.name, node.op, node.target, args, kwargs, node.type)  # type: ignore[arg-type]
+        copied.meta = copy.copy(node.meta)
+        new._insert(copied)
+        new._find_nodes_lookup_table.insert(copied)
+        new._len += 1
+        namespace.associate_name_with_obj(node.name, copied)
+        env[node] = copied
+    old_namespace = graph._graph_namespace
+    namespace._used_names = set(old_namespace._used_names)
+    namespace._base_count = dict(old_namespace._base_count)
     new._codegen = copy.copy(graph._codegen)
-    if copied is not None:
-        value, old_output = copied
-        output = new.output(value, type_expr=getattr(old_output, "type", None))
-        output.meta = copy.copy(old_output.meta)
     return new
 
 
