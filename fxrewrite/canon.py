@@ -740,7 +740,9 @@ def _kind(node: Node, seen: dict[Node, ResultKind]) -> ResultKind:
     seen[node] = "unknown"  # while deciding (a graph has no cycles; this bounds the walk)
     kind = _kind_from_meta(node)
     if kind is None:
-        if node.op == "get_attr":
+        if node.op == "placeholder" and node.type in (int, float, bool, str, torch.dtype):
+            kind = "value"  # a pattern's literal capture
+        elif node.op == "get_attr":
             kind = "tensor"
         elif node.op == "call_method":
             kind = _method_kind(node)

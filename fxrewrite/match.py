@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import itertools
+import operator
 
 import attrs
 import torch
@@ -428,7 +429,7 @@ def _sound_match(pattern: Pattern, p2g: Mapping[Node, Any], anchor: Node,
         for user in gn.users:
             if user in inner or user in checks:
                 continue
-            if is_check(user) and all(a in inner for a in user.all_input_nodes):
+            if _absorbable(user, inner):
                 checks[user] = None  # a check of the match's own values goes with the match
                 continue
             return None, Rejection(inner[gn], gn, f"'{gn.name}' is also used by '{user.name}' outside the match",
@@ -450,6 +451,15 @@ def _sound_match(pattern: Pattern, p2g: Mapping[Node, Any], anchor: Node,
                                len(p2g))
     nodes = tuple(sorted([*inner, *checks], key=node_position))
     return Match(pattern, bindings, nodes, outputs, anchor, module_paths, dict(p2g)), None
+
+
+def _absorbable(user: Node, inner: Mapping[Node, Node]) -> bool:
+    """A node reading only the match's values that the match may take along when it is erased:
+    a check (``_assert_tensor_metadata``) or an unused element of a tuple result (the indices
+    of ``max(x, dim)`` that torch.export keeps)."""
+    if not all(a in inner for a in user.all_input_nodes):
+        return False
+    return is_check(user) or (user.op == "call_function" and user.target is operator.getitem and not user.users)
 
 
 def _folded_checks(search: _Search) -> Iterator[Rejection | None]:
@@ -599,10 +609,15 @@ _HARMLESS_OVERRIDES = frozenset({"extra_repr", "_get_name"})
 
 
 def _overridden_methods(cls: type, base: type) -> list[str]:
+    """Methods of ``base`` that a class between ``cls`` and ``base`` redefines, not counting the
+    classes of ``torch.nn`` itself (``nn.Conv2d`` implements ``_ConvNd``; ``torch.ao.nn.qat.Conv2d``
+    changes ``nn.Conv2d``)."""
     found = []
     for klass in cls.__mro__:
         if klass is base or not issubclass(klass, base):
             break
+        if klass.__module__.startswith("torch.nn.modules."):
+            continue
         for name, value in vars(klass).items():
             if (callable(value) and not (name.startswith("__") and name.endswith("__")) and name not in _HARMLESS_OVERRIDES
                     and hasattr(base, name) and name not in found):

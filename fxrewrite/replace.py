@@ -54,7 +54,7 @@ class _ValueProxy(fx.Proxy):
     is still recorded. Without metadata it records, like any Proxy."""
 
     def _value(self) -> Any:
-        return self.node.meta.get("val")
+        return self.node.meta.get("val") if getattr(self.tracer, "annotate", False) else None
 
     def __getattr__(self, name: str) -> Any:
         val = self._value()
@@ -247,7 +247,9 @@ class Splicer:
             raise RewriteError(_where(rule, match) + ": no place in the graph where the replacement's inputs "
                                "are all computed and its results not yet used; this match cannot be rewritten.")
         tracer = self.tracer
-        annotated = has_values(match.bindings.values())
+        # replacements see shapes and dtypes when the graph has them; a rule rewriting a Python value
+        # (x.shape[d] => x.size(d)) is recorded as written, never folded to a constant
+        annotated = has_values(match.bindings.values()) and all(result_kind(o) != "value" for o in match.outputs)
         tracer.begin(rule, aten=any(isinstance(n.target, torch._ops.OpOverload) for n in match.nodes),
                      annotate=annotated)
         try:
@@ -329,15 +331,13 @@ def _check_created(match: Match, rule: Rule, created: list[Node]) -> None:
     no op can take: a replacement that kept a Proxy from another rewrite, or computed a
     gigantic Python int, is refused before it can break the graph or its code."""
     graph = match.anchor.graph
-    positions = {n: i for i, n in enumerate(created)}
     for node in created:
         for arg in node.all_input_nodes:
-            stale = arg._erased or arg.graph is not graph or (arg in positions and positions[arg] > positions[node])
-            if stale:
+            if arg._erased or arg.graph is not graph or node_position(arg) >= node_position(node):
                 raise RewriteError(
                     f"{_where(rule, match)}: the replacement's node '{node.name}' reads '{arg.name}', which is not a "
-                    f"live value of this graph at that point (a Proxy kept from another rewrite?). The graph was left "
-                    f"as it was; compute everything from the replacement's own arguments.")
+                    f"live value of this graph before it (a Proxy kept from another rewrite, or a node moved?). The "
+                    f"graph was left as it was; compute everything from the replacement's own arguments.")
         for value in torch.utils._pytree.tree_leaves((node.args, node.kwargs)):
             if isinstance(value, int) and not isinstance(value, bool) and not -_INT_LIMIT <= value < _INT_LIMIT:
                 raise RewriteError(
@@ -366,7 +366,8 @@ def _output_nodes(result: Any, match: Match, rule: Rule, tracer: _ReplacementTra
         result = _unpacked(result, n_out, match, rule)
     values = list(result) if n_out > 1 and isinstance(result, (tuple, list)) else [result]
     if len(values) != n_out:
-        got = f"{len(values)} value(s)" if isinstance(result, (tuple, list)) else f"a single {type(result).__name__}"
+        kind = "Proxy" if isinstance(result, fx.Proxy) else type(result).__name__
+        got = f"{len(values)} value(s)" if isinstance(result, (tuple, list)) else f"a single {kind}"
         raise RewriteError(
             f"{_where(rule, match)}: the pattern has {n_out} outputs but the replacement returned {got}; "
             f"return a tuple with one value per pattern output, in the same order."
@@ -386,14 +387,14 @@ def _output_nodes(result: Any, match: Match, rule: Rule, tracer: _ReplacementTra
     return nodes
 
 
-def _unpacked(result: fx.Proxy, n_out: int, match: Match, rule: Rule) -> list[Any]:
+def _unpacked(result: fx.Proxy, n_out: int, match: Match, rule: Rule) -> Any:
     val = result.node.meta.get("val")
     if isinstance(val, (tuple, list)) and len(val) != n_out:
         raise RewriteError(
             f"{_where(rule, match)}: the pattern has {n_out} outputs but the replacement returned one call with "
             f"{len(val)} results; return exactly one value per pattern output.")
     if result_kind(result.node) == "tensor":
-        return [result]  # one tensor: reported as a count mismatch below
+        return result  # one tensor: reported as a count mismatch below
     return [result[i] for i in range(n_out)]
 
 
