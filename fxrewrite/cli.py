@@ -17,6 +17,7 @@ torch is imported only by the commands that need it, so ``fxrewrite --help`` and
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from collections.abc import Sequence
@@ -102,7 +103,7 @@ def _print_report(report: Report, out: TextIO, *, all_rows: bool) -> None:
 
 
 def cmd_apply(args: argparse.Namespace, out: TextIO) -> int:
-    from .codegen import annotated_code, code_diff, write_module
+    from .codegen import annotated_code, code_diff, pickled_submodules, write_module
     from .rewrite import rewrite
     from .target import load_target, traced_or_exported
 
@@ -121,6 +122,9 @@ def cmd_apply(args: argparse.Namespace, out: TextIO) -> int:
         folder = write_module(result.module, args.output)
         print(f"wrote the rewritten module to {folder}/ (import it with: from {folder.name} import "
               f"RewrittenModule)", file=out)
+        if pickled := pickled_submodules(folder):
+            print(f"pickled whole (not torch.nn classes; importing the folder needs their classes importable): "
+                  f"{', '.join(pickled)}", file=out)
     if args.check and not _check(target, result.module, out):
         return 1
     return 0
@@ -273,6 +277,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.run(args, out))
+    except BrokenPipeError:  # `fxrewrite list | head`: the reader has gone, nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except FxRewriteError as exc:
         print(f"fxrewrite {args.command}: error: {exc}", file=sys.stderr)
         if isinstance(exc.__cause__, MetadataError):

@@ -22,13 +22,14 @@ from __future__ import annotations
 import difflib
 import re
 import shutil
+import warnings
 from pathlib import Path
 
 import torch.fx as fx
 
 from .errors import TargetError
 
-__all__ = ["annotated_code", "code_diff", "forward_code", "write_module"]
+__all__ = ["annotated_code", "code_diff", "forward_code", "pickled_submodules", "write_module"]
 
 _NO_TRACE = "# No stacktrace found for following nodes"
 
@@ -72,13 +73,16 @@ def write_module(gm: fx.GraphModule, folder: str | Path, module_name: str = "Rew
     if not folder.name.isidentifier():
         raise TargetError(f"cannot write the rewritten module to {folder}: the folder is imported as a Python "
                           f"package, so its name must be an identifier; use e.g. '{_identifier(folder.name)}'.")
-    existed = folder.exists()
+    created = _first_missing(folder)  # removed again if writing fails
     try:
-        gm.to_folder(folder, module_name)
+        folder.mkdir(parents=True, exist_ok=True)
+        with warnings.catch_warnings():  # the pickled submodules are listed by pickled_submodules()
+            warnings.filterwarnings("ignore", message="Was not able to save the following children modules")
+            gm.to_folder(folder, module_name)
         _relocatable(folder / "module.py", folder)
     except Exception as exc:
-        if not existed:
-            shutil.rmtree(folder, ignore_errors=True)
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
         if isinstance(exc, TargetError):
             raise
         raise TargetError(
@@ -87,6 +91,22 @@ def write_module(gm: fx.GraphModule, folder: str | Path, module_name: str = "Rew
             f"modules) cannot be pickled. Save result.module with torch.save or re-export it instead."
         ) from exc
     return folder
+
+
+def _first_missing(folder: Path) -> Path | None:
+    """The outermost of ``folder`` and its parents that does not exist yet."""
+    missing = None
+    for path in (folder, *folder.parents):
+        if path.exists():
+            return missing
+        missing = path
+    return missing
+
+
+def pickled_submodules(folder: Path) -> list[str]:
+    """The submodules :func:`write_module` pickled whole (not ``torch.nn`` classes ``to_folder``
+    writes as code): importing the folder unpickles them, which needs their classes importable."""
+    return sorted(p.stem for p in Path(folder).glob("*.pt") if p.name != "state_dict.pt")
 
 
 _HERE = "_fxrewrite_folder"  # the name module.py gives its own directory

@@ -79,10 +79,12 @@ COLUMNS = ("rule", "fired", "guarded", "tried", "ms")
 _METADATA_HOW = "pass example_inputs= (or rewrite a torch.export graph)"
 
 
-def format_table(report: Report, *, all_rows: bool = False, metadata_hint: str = _METADATA_HOW) -> str:
+def format_table(report: Report, *, all_rows: bool = False, metadata_hint: str = _METADATA_HOW,
+                 more: str | None = None) -> str:
     """``report`` as a table: one row per rule that fired or whose guards refused a match (every
     rule with ``all_rows=True``), then one summary line, and a hint when guards refused for lack
-    of shapes/dtypes. ``str(report)``, ``fxrewrite apply`` and the docs all show this table.
+    of shapes/dtypes. ``str(report)``, ``fxrewrite apply`` and the docs all show this table;
+    ``metadata_hint`` says how to get shapes, ``more`` how to see the rows left out.
 
     Columns: ``fired`` (rewrites applied), ``guarded`` (matches a guard refused), ``tried``
     (anchor candidates the rule was tried at) and ``ms`` (time in the rule).
@@ -101,7 +103,7 @@ def format_table(report: Report, *, all_rows: bool = False, metadata_hint: str =
     if hidden:
         tried = sum(1 for s in hidden if s.attempts)
         summary += (f"; {len(hidden)} {'other ' if shown else ''}rule(s) did not match "
-                    f"({tried} of them {'was' if tried == 1 else 'were'} tried)")
+                    f"({tried} of them {'was' if tried == 1 else 'were'} tried{'; ' + more if more else ''})")
     lines.append(summary)
     if report.without_metadata:
         lines.append(f"guards of {', '.join(report.without_metadata)} refused matches and {NO_METADATA}: if they "
