@@ -40,6 +40,7 @@ from hypothesis.errors import FailedHealthCheck, Flaky, Unsatisfiable
 from ..errors import NotEquivalent, RuleDefinitionError
 from ..rule import Rule
 from ..verify import compare, default_tolerance, format_value
+from .repair import Repair, repair_rule
 from .strategies import GuardRaised, InputPlan, call_rule_function, plan_inputs
 
 try:
@@ -210,7 +211,10 @@ class CheckResult:
     ``"untestable"`` (no drawn input was accepted by the pattern and the guards) or ``"error"``
     (a guard raised, the domain is malformed, the rule is not deterministic...).
     ``counterexample`` holds the shrunk inputs of the first counterexample, ``counterexamples``
-    one per kind of difference found; ``message`` is the readable report.
+    one per kind of difference found; ``message`` is the readable report. For an unsound rule,
+    ``repair`` is the rule restricted by the weakest restriction under which the checker finds
+    no counterexample (see :mod:`fxrewrite.testing.repair`), ``None`` when none was found, and
+    ``repair_code`` the ``where=``/``domain=`` arguments that restrict it, to paste.
     """
 
     rule: str
@@ -220,6 +224,8 @@ class CheckResult:
     seconds: float
     message: str
     counterexamples: tuple[Counterexample, ...] = ()
+    repair: Rule | None = None
+    repair_code: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -300,7 +306,8 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
-def check_rule(rule: Rule, *, max_examples: int = DEFAULT_EXAMPLES, seed: int | None = None) -> CheckResult:
+def check_rule(rule: Rule, *, max_examples: int = DEFAULT_EXAMPLES, seed: int | None = None,
+               repair: bool = True) -> CheckResult:
     """Property-test ``rule`` on up to ``max_examples`` drawn inputs.
 
     Without ``seed`` the search is derandomized (the same examples every run); a ``seed`` draws
@@ -310,7 +317,8 @@ def check_rule(rule: Rule, *, max_examples: int = DEFAULT_EXAMPLES, seed: int | 
 
     When a counterexample is found, a search with half the examples runs again ignoring that
     kind of difference (values, shape, dtype, ...), so that the report shows one counterexample
-    per kind: fixing the first one does not hide the next.
+    per kind: fixing the first one does not hide the next. Then, unless ``repair=False``, the
+    weakest restriction that makes the rule pass is searched for (``result.repair``).
     """
     start = time.perf_counter()
     where = f"rule '{rule.name}' ({rule.origin})"
@@ -335,7 +343,9 @@ def check_rule(rule: Rule, *, max_examples: int = DEFAULT_EXAMPLES, seed: int | 
         if not found:
             return _error(context, errors, examples, start)
         found = _more_counterexamples(context, found)
-        return _result(rule, "unsound", examples, start, unsound_report(context, found, examples), found)
+        fixed = repair_rule(rule, [c.inputs for c in found], seed=seed) if repair else None
+        message = unsound_report(context, found, examples, repair_report(fixed) if repair else "")
+        return _result(rule, "unsound", examples, start, message, found, fixed)
     examples = _examples(searches)
     if examples == 0:
         return _result(rule, "untestable", 0, start, untestable_report(context, None))
@@ -410,9 +420,10 @@ def _error(context: _Context, errors: Sequence[BaseException], examples: int, st
 
 
 def _result(rule: Rule, verdict: Verdict, examples: int, start: float, message: str,
-            found: tuple[Counterexample, ...] = ()) -> CheckResult:
+            found: tuple[Counterexample, ...] = (), fixed: Repair | None = None) -> CheckResult:
     return CheckResult(rule=rule.name, origin=rule.origin, verdict=verdict, examples_run=examples,
-                       seconds=time.perf_counter() - start, message=message, counterexamples=found)
+                       seconds=time.perf_counter() - start, message=message, counterexamples=found,
+                       repair=fixed.rule if fixed else None, repair_code=fixed.code() if fixed else None)
 
 
 def assert_rule_equivalent(rule: Rule, *, max_examples: int = DEFAULT_EXAMPLES, seed: int | None = None) -> CheckResult:
@@ -484,9 +495,10 @@ def _counterexample_lines(found: Counterexample, indent: str) -> list[str]:
     ]
 
 
-def unsound_report(context: _Context, found: Sequence[Counterexample], examples: int) -> str:
+def unsound_report(context: _Context, found: Sequence[Counterexample], examples: int, repair: str = "") -> str:
     """The report for an unsound rule: its first counterexample in full, then one for each other
-    kind of difference, then the declarations and how the search went."""
+    kind of difference, then the declarations, how the search went, the ``repair`` lines (see
+    :func:`repair_report`) and what to do."""
     first, others = found[0], found[1:]
     more = f" (and {len(others)} more kind{'s' if len(others) > 1 else ''} of difference below)" if others else ""
     lines = [f"rule '{context.rule.name}' is unsound: {first.headline}{more}", context.rule_line(),
@@ -497,9 +509,26 @@ def unsound_report(context: _Context, found: Sequence[Counterexample], examples:
         f"  tolerance:   {context.tolerance.describe(_output_dtype(first.pattern_output))}",
         f"  domain:      {context.plan.domain.describe()}",
         f"  search:      {context.search_line(examples)}",
+        *repair.splitlines(),
         "  fix:         fix the replacement, or restrict the rule with a where= guard so it does not fire on "
         "such inputs, or declare domain=/tolerance= if such inputs cannot occur.",
     ]
+    return "\n".join(lines)
+
+
+def repair_report(fixed: Repair | None) -> str:
+    """The report's last lines: the repaired rule as code to paste, or that none was found."""
+    if fixed is None:
+        return ("  repair:      none found: no restriction of dtypes, shapes, rank, layout or values tried makes "
+                "the rule sound; fix the replacement.")
+    how = ("enforced at rewrite time by a guard on the graph's metadata" if fixed.enforced else
+           "declared as a domain, which only the checker sees: make sure other inputs cannot occur")
+    lines = [f"  repair:      restricted to {fixed.label}, the checker finds no counterexample in "
+             f"{fixed.examples} examples ({how}):",
+             *(f"                 {line}" for line in fixed.code().splitlines())]
+    dsl = fixed.dsl()
+    if dsl is not None:
+        lines.append(f"               or, in a .fxr file:  {dsl}")
     return "\n".join(lines)
 
 
