@@ -47,15 +47,26 @@ def propagate_inputs(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
+    from torch.nn.utils.stateless import _reparametrize_module
+
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     try:
         fake_inputs = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
-        FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fake_inputs)
+        # the module's own parameters and buffers are swapped for fake ones while it runs, so an
+        # in-place update in forward (a counter, BatchNorm's statistics) changes nothing real
+        fake_state = {name: mode.from_tensor(t) for name, t in _state(gm).items()}
+        with _reparametrize_module(gm, fake_state, tie_weights=True, strict=False):
+            FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fake_inputs)
     except Exception as exc:
         raise RewriteError(
             f"could not propagate shapes with the given example_inputs: {type(exc).__name__}: {exc}. "
             f"Pass one value per forward() argument, as you would call the model."
         ) from exc
+
+
+def _state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {**dict(module.named_parameters(remove_duplicate=False)),
+            **dict(module.named_buffers(remove_duplicate=False))}
 
 
 def propagate_values(gm: fx.GraphModule, nodes: Iterable[Node]) -> None:

@@ -17,6 +17,7 @@ module is an instance of that class).
 from __future__ import annotations
 
 import inspect
+import threading
 import typing
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, Literal
@@ -32,6 +33,10 @@ from .errors import RuleDefinitionError
 __all__ = ["LITERAL_TYPES", "Accept", "Param", "Pattern", "pattern_from_graph", "trace_pattern"]
 
 ParamKind = Literal["tensor", "literal", "module"]
+
+#: Held while torch.fx traces (its Tracer patches ``nn.Module.__call__`` for the whole process, so
+#: two traces at once in two threads would record each other's module calls).
+TRACING = threading.RLock()
 
 #: Annotations that turn a pattern parameter into a literal capture.
 LITERAL_TYPES: tuple[type, ...] = (int, float, bool, str, torch.dtype)
@@ -132,7 +137,31 @@ class _ModuleCaptureStub:
         )
 
 
-class _PatternTracer(fx.Tracer):
+class ThreadConfinedTracer(fx.Tracer):
+    """A torch.fx Tracer whose process-wide patches (``nn.Module.__call__``, ``__getattr__``)
+    act only in the thread that traces: a module called by another thread meanwhile runs as
+    usual. Trace under :data:`TRACING`."""
+
+    def trace(self, root: Any, concrete_args: Any = None) -> fx.Graph:
+        self._tracing_thread = threading.get_ident()
+        return super().trace(root, concrete_args)
+
+    def _other_thread(self) -> bool:
+        return threading.get_ident() != getattr(self, "_tracing_thread", None)
+
+    def call_module(self, m: torch.nn.Module, forward: Callable[..., Any], args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> Any:
+        if self._other_thread():
+            return forward(*args, **kwargs)
+        return super().call_module(m, forward, args, kwargs)
+
+    def getattr(self, attr: str, attr_val: Any, parameter_proxy_cache: dict[str, Any]) -> Any:
+        if self._other_thread():
+            return attr_val
+        return super().getattr(attr, attr_val, parameter_proxy_cache)
+
+
+class _PatternTracer(ThreadConfinedTracer):
     """A tracer that hands module-capture parameters to the pattern as call-recording stubs."""
 
     def __init__(self, params: tuple[Param, ...]) -> None:
@@ -160,7 +189,7 @@ def trace_pattern(fn: Callable[..., Any], *, rule_name: str, origin: str) -> Pat
     from .isolation import torch_state_preserved  # tracing runs fn: it must leave torch's global state as it was
 
     try:
-        with torch_state_preserved():
+        with TRACING, torch_state_preserved():
             graph = _PatternTracer(params).trace(fn)
     except _CaptureMisuse as exc:
         raise RuleDefinitionError(f"{where}: {exc}") from None

@@ -18,6 +18,7 @@ import bisect
 import dis
 import inspect
 import re
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -207,35 +208,72 @@ def _contains_proxy(values: Any) -> bool:
     return any(isinstance(v, fx.Proxy) for v in torch.utils._pytree.tree_leaves(values))
 
 
+class _ModuleCalls:
+    """Records ``nn.Module`` calls on Proxies as ``call_module`` nodes, for the threads that are
+    splicing, and only for them.
+
+    Like torch.fx's Tracer, this has to replace ``nn.Module.__call__`` (a module's ``forward``
+    must not be traced through). The replacement is installed when the first rewrite in the
+    process starts and restored when the last one ends (under a lock, counting users); which
+    tracer records is per thread, so concurrent rewrites of different models, and forwards run by
+    other threads meanwhile, each see the right behaviour.
+    """
+
+    _lock = threading.Lock()
+    _users = 0
+    _original: Any = None
+    _local = threading.local()
+
+    @classmethod
+    def enter(cls, tracer: _ReplacementTracer) -> Any:
+        with cls._lock:
+            if cls._users == 0:
+                cls._original = torch.nn.Module.__call__
+                torch.nn.Module.__call__ = _module_call  # type: ignore[method-assign]
+            cls._users += 1
+        previous = getattr(cls._local, "tracer", None)
+        cls._local.tracer = tracer
+        return previous
+
+    @classmethod
+    def exit(cls, previous: Any) -> None:
+        cls._local.tracer = previous
+        with cls._lock:
+            cls._users -= 1
+            if cls._users == 0 and torch.nn.Module.__call__ is _module_call:
+                torch.nn.Module.__call__ = cls._original  # type: ignore[method-assign]
+
+    @classmethod
+    def active_tracer(cls) -> _ReplacementTracer | None:
+        return getattr(cls._local, "tracer", None)
+
+
+def _module_call(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    tracer = _ModuleCalls.active_tracer()
+    if tracer is not None and _contains_proxy((args, kwargs)):
+        return tracer.module_call(module, args, kwargs)
+    return _ModuleCalls._original(module, *args, **kwargs)
+
+
 class Splicer:
     """Splices replacements into one GraphModule; use it as a context manager around a
     ``rewrite`` call.
 
-    While active, calling any ``nn.Module`` on Proxies records a ``call_module`` node instead of
-    tracing through its ``forward`` (the patch torch.fx's Tracer applies too); the patch is
-    installed once per rewrite, because changing ``nn.Module.__call__`` invalidates Python's
-    type caches for every module class.
+    While active, calling any ``nn.Module`` on Proxies in this thread records a ``call_module``
+    node instead of tracing through its ``forward`` (see :class:`_ModuleCalls`).
     """
 
     def __init__(self, gm: fx.GraphModule, modules: dict[str, torch.nn.Module]) -> None:
         self.gm = gm
         self.tracer = _ReplacementTracer(gm, modules)
-        self._original_call: Any = None
+        self._previous: Any = None
 
     def __enter__(self) -> Splicer:
-        original = self._original_call = torch.nn.Module.__call__
-        tracer = self.tracer
-
-        def call(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-            if _contains_proxy((args, kwargs)):
-                return tracer.module_call(module, args, kwargs)
-            return original(module, *args, **kwargs)
-
-        torch.nn.Module.__call__ = call  # type: ignore[method-assign]
+        self._previous = _ModuleCalls.enter(self.tracer)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        torch.nn.Module.__call__ = self._original_call  # type: ignore[method-assign]
+        _ModuleCalls.exit(self._previous)
 
     def splice(self, match: Match, rule: Rule) -> list[Node]:
         """Replace ``match`` by ``rule.replacement``; returns the nodes created.

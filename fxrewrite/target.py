@@ -22,6 +22,7 @@ import torch
 import torch.fx as fx
 from torch.fx.graph_module import _copy_attr
 
+from .pattern import TRACING, ThreadConfinedTracer
 from .errors import RewriteError, TargetError
 
 __all__ = ["Target", "load_target", "to_graph_module", "traced_or_exported"]
@@ -148,8 +149,10 @@ def _copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
 def _traced(target: torch.nn.Module | Any) -> fx.GraphModule:
     """``torch.fx.symbolic_trace(target)``, without compiling the traced graph's code: ``rewrite``
     compiles once, after rewriting."""
-    tracer = fx.Tracer()
-    graph = tracer.trace(target)
+    tracer = ThreadConfinedTracer()
+    tracer.proxy_buffer_attributes = True  # buffers are read as graph values: forward's writes to them are recorded, not run
+    with TRACING:  # torch.fx's tracing patches nn.Module.__call__ process-wide
+        graph = tracer.trace(target)
     name = type(target).__name__ if isinstance(target, torch.nn.Module) else target.__name__
     return _module_without_code(tracer.root, graph, name)
 
