@@ -380,3 +380,24 @@ def test_rewrite_graph_rewrites_a_graph_without_an_owning_module():
 def test_rewrite_graph_refuses_what_is_not_a_graph():
     with pytest.raises(RewriteError, match="takes a torch.fx.Graph"):
         rewrite_graph(fx.symbolic_trace(gated), RULES)
+
+
+# -- examples/08 --------------------------------------------------------------------------------
+
+
+def test_example_08_rules_directory_fires_inside_a_compiled_gpt():
+    """tests/test_examples.py runs the whole script; this checks what fired, backend only."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "08_rules_in_torch_compile.py"
+    spec = importlib.util.spec_from_file_location("example_08_rules_in_torch_compile", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    rules = fxrewrite.load_rules(example.RULES_DIR)
+    net = example.model()
+    tokens = example.tokens_for(net)
+    result = example.with_backend(rules, net, tokens)
+    assert result["report"].applied == {"silu": 0, "gelu_tanh": 2, "masked_attention": 2}
+    assert "scaled_dot_product_attention" in result["after"] and "softmax" not in result["after"]
+    with torch.no_grad():
+        torch.testing.assert_close(result["out"], net(tokens), rtol=1e-4, atol=1e-5)
