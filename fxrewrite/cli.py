@@ -5,7 +5,7 @@
     fxrewrite explain TARGET [--rules PATH ...] [--add-rules PATH ...] [--rule NAME ...] [--misses N] [--shapes]
                              [--export] [--after-others]
     fxrewrite list [PATHS ...]
-    fxrewrite check [PATHS ...] [--examples N] [--seed S]
+    fxrewrite check [PATHS ...] [--examples N] [--seed S] [-j N] [-k EXPR] [--rule NAME ...]
 
 Exit status: 0 on success, 1 when ``--check`` finds a difference, 2 on an error (the message
 says what failed and what to do).
@@ -193,9 +193,11 @@ def cmd_explain(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
-    from .testing.check_cli import run_check
+    from .testing.check_cli import default_jobs, run_check
 
-    return run_check(args.paths, examples=args.examples, seed=args.seed, out=out)
+    jobs = args.jobs if args.jobs is not None else default_jobs()
+    return run_check(args.paths, examples=args.examples, seed=args.seed, out=out, jobs=jobs,
+                     keyword=args.keyword, names=args.rule)
 
 
 def cmd_lint(args: argparse.Namespace, out: TextIO) -> int:
@@ -253,6 +255,11 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("paths", nargs="*", metavar="PATH", help="rule files or directories (default: shipped)")
     check.add_argument("--examples", type=int, default=100, metavar="N", help="examples drawn per rule")
     check.add_argument("--seed", type=int, default=None, metavar="S", help="seed of the search (default: derandomized)")
+    check.add_argument("-j", "--jobs", type=int, default=None, metavar="N",
+                       help="check rules in N processes (default: the number of cores)")
+    check.add_argument("-k", dest="keyword", metavar="EXPR",
+                       help="only rules whose name or file name matches EXPR, as pytest -k (e.g. 'relu and not gelu')")
+    check.add_argument("--rule", action="append", metavar="NAME", help="only this rule (repeatable)")
     check.set_defaults(run=cmd_check)
 
     listing = sub.add_parser("list", help="list rules with their origin, priority and doc")

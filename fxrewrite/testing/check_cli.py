@@ -1,27 +1,50 @@
 """``fxrewrite check [PATHS...]``: property-test every rule of some rule files.
 
-:func:`run_check` loads the rules (the shipped library when no path is given), checks each one
-with :func:`~fxrewrite.testing.check_rule`, prints one table row per rule as it is checked, then
-the report of every rule that is not sound, and a summary line. Exit status: 0 when every rule
-is sound, 1 otherwise. Loading errors (:class:`~fxrewrite.errors.RuleLoadError`, ...) propagate;
-the command line turns them into status 2.
+:func:`run_check` loads the rules (the shipped library when no path is given), keeps those
+selected by ``-k EXPR`` and ``--rule NAME``, checks each one with
+:func:`~fxrewrite.testing.check_rule` (in ``jobs`` worker processes), prints one table row per
+rule in rule order as soon as the rules before it are done, then the report of every rule that
+is not sound, and a summary line. On a terminal a status line shows the progress. Exit status:
+0 when every selected rule is sound, 1 otherwise (unsound, untestable or error). Loading errors
+(:class:`~fxrewrite.errors.RuleLoadError`, ...) and a bad selection
+(:class:`~fxrewrite.errors.RuleSelectionError`) propagate; the command line turns them into
+status 2.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import pickle
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from pathlib import Path
 from typing import TextIO
 
+import attrs
+
+from ..errors import FxRewriteError
 from ..rule import Rule
 from .equivalence import DEFAULT_EXAMPLES, CheckResult, check_rule
 
-__all__ = ["run_check"]
+__all__ = ["RuleSelectionError", "default_jobs", "run_check", "select_rules"]
 
 _COLUMNS = ("rule", "origin", "examples", "verdict", "time")
+
+
+class RuleSelectionError(FxRewriteError, ValueError):
+    """``-k EXPR`` does not parse, or ``--rule NAME`` names no loaded rule."""
+
+
+def default_jobs() -> int:
+    """Worker processes by default: the cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def _load(paths: Sequence[str]) -> list[Rule]:
@@ -30,6 +53,55 @@ def _load(paths: Sequence[str]) -> list[Rule]:
     if not paths:
         return list(load_rules())
     return [rule for path in paths for rule in load_rules(path)]
+
+
+def _keywords(rule: Rule) -> tuple[str, ...]:
+    """What ``-k`` matches against: the rule's name and its file's name (with and without
+    suffix), as pytest matches a test's name and its module's."""
+    file = Path(rule.origin.rpartition(":")[0] or rule.origin)
+    return (rule.name, file.name, file.stem)
+
+
+def select_rules(rules: Sequence[Rule], *, keyword: str | None = None,
+                 names: Sequence[str] | None = None) -> list[Rule]:
+    """The rules matching ``keyword`` (a pytest ``-k`` expression: case-insensitive substrings
+    of the rule's name or file name, combined with ``and``, ``or``, ``not`` and parentheses)
+    and, when ``names`` is given, named there; in their original order.
+
+    >>> from fxrewrite.loader import load_rules
+    >>> [r.name for r in select_rules(load_rules(), keyword="relu_relu or (gelu and not tanh and erf_scaled)")]
+    ['relu_relu', 'gelu_erf_scaled']
+    """
+    selected = list(rules)
+    if names:
+        known = {r.name for r in rules}
+        missing = [n for n in names if n not in known]
+        if missing:
+            raise RuleSelectionError(
+                f"no rule named {', '.join(repr(n) for n in missing)} among the {len(rules)} loaded rule(s); "
+                f"`fxrewrite list` shows their names.")
+        wanted = set(names)
+        selected = [r for r in selected if r.name in wanted]
+    if keyword:
+        matches = _keyword_matcher(keyword)
+        selected = [r for r in selected if matches(_keywords(r))]
+    return selected
+
+
+def _keyword_matcher(expression: str) -> Callable[[tuple[str, ...]], bool]:
+    from _pytest.mark.expression import Expression  # pytest's own -k grammar
+
+    try:
+        compiled = Expression.compile(expression)
+    except SyntaxError as exc:
+        raise RuleSelectionError(
+            f"-k {expression!r} is not a valid expression ({exc.msg if hasattr(exc, 'msg') else exc}); write "
+            f"substrings of rule or file names joined by and/or/not, e.g. -k 'relu and not gelu'.") from None
+
+    def matches(keywords: tuple[str, ...]) -> bool:
+        return compiled.evaluate(lambda word: any(word.lower() in k.lower() for k in keywords))
+
+    return matches
 
 
 def _short_origin(origin: str) -> str:
@@ -61,6 +133,37 @@ class _Table:
                  f"{result.seconds:.2f}s")
 
 
+class _Status:
+    """One status line, rewritten in place, when ``out`` is a terminal; nothing otherwise."""
+
+    def __init__(self, out: TextIO, total: int, enabled: bool | None) -> None:
+        self.out = out
+        self.total = total
+        self.enabled = _is_terminal(out) if enabled is None else enabled
+        self.shown = False
+
+    def show(self, done: int, running: Sequence[str]) -> None:
+        if not self.enabled:
+            return
+        names = ", ".join(running[:3]) + (f" (+{len(running) - 3})" if len(running) > 3 else "")
+        self.out.write(f"\r\033[K[{done}/{self.total}] checking {names}" if running else f"\r\033[K[{done}/{self.total}]")
+        self.out.flush()
+        self.shown = True
+
+    def clear(self) -> None:
+        if self.shown:
+            self.out.write("\r\033[K")
+            self.out.flush()
+            self.shown = False
+
+
+def _is_terminal(out: TextIO) -> bool:
+    try:
+        return out.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
 def _summary(results: Sequence[CheckResult], seconds: float) -> str:
     counts = Counter(r.verdict for r in results)
     parts = [f"{counts[v]} {v}" for v in ("sound", "unsound", "untestable", "error") if counts[v]]
@@ -68,10 +171,12 @@ def _summary(results: Sequence[CheckResult], seconds: float) -> str:
 
 
 def run_check(paths: list[str], *, examples: int = DEFAULT_EXAMPLES, seed: int | None = None,
-              out: TextIO = sys.stdout) -> int:
-    """Check every rule under ``paths`` (default: the shipped library); print a table, the
-    report of each rule that is not sound, and a summary. Returns 0 when all rules are sound,
-    1 otherwise.
+              out: TextIO = sys.stdout, jobs: int = 1, keyword: str | None = None,
+              names: Sequence[str] | None = None, progress: bool | None = None) -> int:
+    """Check the rules under ``paths`` (default: the shipped library) selected by ``keyword``
+    and ``names`` (see :func:`select_rules`), in ``jobs`` worker processes; print a table, the
+    report of each rule that is not sound, and a summary. ``progress`` shows a status line
+    (default: when ``out`` is a terminal). Returns 0 when all rules are sound, 1 otherwise.
 
     >>> import io, pathlib, tempfile
     >>> folder = pathlib.Path(tempfile.mkdtemp())
@@ -82,17 +187,112 @@ def run_check(paths: list[str], *, examples: int = DEFAULT_EXAMPLES, seed: int |
     >>> print(out.getvalue().splitlines()[-1])  # doctest: +ELLIPSIS
     1 rule(s) checked in ...s: 1 sound
     """
+    if jobs < 1:
+        raise RuleSelectionError(f"-j must be at least 1, got {jobs}.")
     start = time.perf_counter()
-    rules = _load(paths)
+    rules = select_rules(_load(paths), keyword=keyword, names=names)
     table = _Table(rules, out)
     table.header()
+    status = _Status(out, len(rules), progress)
     results = []
-    for rule in rules:
-        result = check_rule(rule, max_examples=examples, seed=seed)
+    for result in _results_in_order(rules, examples, seed, jobs, status):
+        status.clear()
         table.result(result)
         results.append(result)
+    status.clear()
     failures = [r for r in results if not r.ok]
     for result in failures:
         print(f"\n{result.message}", file=out)
     print(f"\n{_summary(results, time.perf_counter() - start)}", file=out)
     return 1 if failures else 0
+
+
+def _results_in_order(rules: Sequence[Rule], examples: int, seed: int | None, jobs: int,
+                      status: _Status) -> Iterator[CheckResult]:
+    """The result of each rule, in rule order, each as soon as it and the rules before it are done."""
+    if jobs == 1 or len(rules) < 2:
+        for i, rule in enumerate(rules):
+            status.show(i, [rule.name])
+            yield check_rule(rule, max_examples=examples, seed=seed)
+        return
+    yield from _parallel(rules, examples, seed, min(jobs, len(rules)), status)
+
+
+# -- worker processes -----------------------------------------------------------------------------
+
+#: The rules being checked, in every worker (inherited when forked, else loaded by _initialize).
+_RULES: list[Rule] = []
+#: How workers start: "fork" where the platform has it (they inherit the loaded rules), else
+#: "spawn" (they load the rule files again).
+_START_METHOD = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+def _initialize(files: Sequence[str] | None, keys: Sequence[tuple[str, str]]) -> None:
+    """In a spawned worker: load the rule files again and line the rules up as the parent has them."""
+    if files is None:
+        return
+    by_key = {(r.name, r.origin): r for path in files for r in _load([path])}
+    _RULES[:] = [by_key[key] for key in keys]
+
+
+def _check_one(index: int, examples: int, seed: int | None) -> CheckResult:
+    return _portable(check_rule(_RULES[index], max_examples=examples, seed=seed))
+
+
+def _portable(result: CheckResult) -> CheckResult:
+    """The result without what may not cross a process boundary (counterexample tensors,
+    modules, exceptions): the report in ``message`` says it all."""
+    slim = attrs.evolve(result, counterexamples=())
+    try:
+        pickle.dumps(slim)
+    except Exception:
+        slim = CheckResult(rule=result.rule, origin=result.origin, verdict=result.verdict,
+                           examples_run=result.examples_run, seconds=result.seconds, message=result.message)
+    return slim
+
+
+def _expected_cost(rule: Rule) -> tuple[int, int, int]:
+    """A guess at how long a rule takes to check, to start the slow ones first: guards reject
+    drawn inputs (more draws per example), and each tensor argument is drawn element by element."""
+    params = rule.compiled.params
+    return (1 if rule.where else 0, sum(p.kind == "tensor" for p in params), len(rule.compiled.inner_nodes))
+
+
+def _parallel(rules: Sequence[Rule], examples: int, seed: int | None, jobs: int,
+              status: _Status) -> Iterator[CheckResult]:
+    """Check ``rules`` in ``jobs`` processes, the likely slow ones first; yield in rule order."""
+    _RULES[:] = rules
+    spawned = _START_METHOD != "fork"
+    files = _files_of(rules) if spawned else None
+    keys = [(r.name, r.origin) for r in rules] if spawned else []
+    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context(_START_METHOD),
+                               initializer=_initialize, initargs=(files, keys))
+    try:
+        yield from _collect(pool, rules, examples, seed, jobs, status)
+    finally:  # also on Ctrl-C or an error: do not wait for the rules still queued
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _collect(pool: ProcessPoolExecutor, rules: Sequence[Rule], examples: int, seed: int | None, jobs: int,
+             status: _Status) -> Iterator[CheckResult]:
+    order = sorted(range(len(rules)), key=lambda i: _expected_cost(rules[i]), reverse=True)
+    pending: dict[Future[CheckResult], int] = {pool.submit(_check_one, i, examples, seed): i for i in order}
+    done: dict[int, CheckResult] = {}
+    started = order[:jobs]  # roughly what runs: the pool hands out work in submission order
+    next_index = 0
+    while pending:
+        status.show(len(done), [rules[i].name for i in started if i not in done])
+        finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+        for future in finished:
+            done[pending.pop(future)] = future.result()
+            following = [i for i in order if i not in done and i not in started]
+            started += following[:1]
+        while next_index in done:
+            yield done[next_index]
+            next_index += 1
+
+
+def _files_of(rules: Sequence[Rule]) -> list[str]:
+    """The files to load again in a spawned worker."""
+    files = dict.fromkeys(rule.origin.rpartition(":")[0] for rule in rules)
+    return [f for f in files if f]

@@ -74,3 +74,87 @@ def test_without_paths_the_shipped_library_is_checked(monkeypatch):
 def test_a_missing_path_raises_the_loader_error(tmp_path):
     with pytest.raises(RuleLoadError, match="no such rule file or directory"):
         check([tmp_path / "missing"])
+
+
+# -- selection, processes, progress ---------------------------------------------------------------
+
+THREE = (SOUND + "\nrule relu_relu:\n    torch.relu(torch.relu(x)) => torch.relu(x)\n"
+         "\nrule neg_sub:\n    torch.neg(x - y) => y - x\n")
+
+
+def rows(out):
+    return [line.split()[0] for line in out.splitlines()[1:] if line and not line.startswith(("\n", " "))
+            and re.match(r"\S+\s+\S+:\d+\s+\d+\s+\S+\s+\d+\.\d\ds$", line)]
+
+
+def test_processes_give_the_table_of_one_process_in_rule_order(tmp_path):
+    (tmp_path / "a.fxr").write_text(THREE)
+    (tmp_path / "b.fxr").write_text(UNSOUND)
+    status_1, out_1 = check([tmp_path], examples=10, jobs=1)
+    status_2, out_2 = check([tmp_path], examples=10, jobs=2)
+    assert status_1 == status_2 == 1
+    assert rows(out_1) == rows(out_2) == ["double_neg", "relu_relu", "neg_sub", "div_self"]
+    assert "rule 'div_self' is unsound" in out_2 and "    x = torch.tensor(0.0, dtype=torch.float32)  # shape ()" in out_2
+    assert out_2.rstrip().endswith(": 3 sound, 1 unsound")
+
+
+def test_spawned_processes_load_the_rules_again(tmp_path, monkeypatch):
+    (tmp_path / "a.fxr").write_text(THREE)
+    monkeypatch.setattr(check_cli, "_START_METHOD", "spawn")
+    status, out = check([tmp_path], examples=5, jobs=2, keyword="relu or neg_sub")
+    assert status == 0 and rows(out) == ["relu_relu", "neg_sub"]
+
+
+def test_k_selects_by_rule_and_file_name_like_pytest(tmp_path):
+    (tmp_path / "algebra.fxr").write_text(THREE)
+    (tmp_path / "other.fxr").write_text(UNSOUND)
+    assert rows(check([tmp_path], examples=5, keyword="neg and not sub")[1]) == ["double_neg"]
+    assert rows(check([tmp_path], examples=5, keyword="ALGEBRA and not (relu or neg_sub)")[1]) == ["double_neg"]
+    status, out = check([tmp_path], examples=5, keyword="other")
+    assert status == 1 and rows(out) == ["div_self"]
+    assert rows(check([tmp_path], examples=5, keyword="nothing_like_this")[1]) == []
+
+
+def test_rule_names_select_exactly(tmp_path):
+    (tmp_path / "algebra.fxr").write_text(THREE)
+    assert rows(check([tmp_path], examples=5, names=["neg_sub", "double_neg"])[1]) == ["double_neg", "neg_sub"]
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"keyword": "relu and ("}, r"-k 'relu and \(' is not a valid expression"),
+    ({"names": ["relu_relu", "nope"]}, r"no rule named 'nope' among the 3 loaded rule\(s\); `fxrewrite list`"),
+    ({"jobs": 0}, "-j must be at least 1, got 0"),
+])
+def test_a_bad_selection_is_an_error_saying_what_to_write(tmp_path, options, message):
+    (tmp_path / "algebra.fxr").write_text(THREE)
+    with pytest.raises(check_cli.RuleSelectionError, match=message):
+        check([tmp_path], examples=5, **options)
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_a_terminal_gets_a_status_line_that_is_cleared_before_each_row(tmp_path):
+    (tmp_path / "algebra.fxr").write_text(THREE)
+    out = Terminal()
+    assert run_check([str(tmp_path)], examples=5, out=out, jobs=2) == 0
+    text = out.getvalue()
+    assert "\r\x1b[K[0/3] checking " in text
+    assert all(not line.startswith("[") for line in text.replace("\r\x1b[K", "\n").splitlines() if "sound" in line)
+    plain = io.StringIO()
+    run_check([str(tmp_path)], examples=5, out=plain, jobs=2)
+    assert "\x1b[K" not in plain.getvalue()
+
+
+def test_the_command_line_selects_runs_in_processes_and_exits_1_on_an_unsound_rule(tmp_path, capsys):
+    from fxrewrite.cli import main
+
+    (tmp_path / "algebra.fxr").write_text(THREE + "\n" + UNSOUND)
+    out = io.StringIO()
+    assert main(["check", str(tmp_path), "--examples", "10", "-j", "2", "-k", "div or relu"], out=out) == 1
+    assert rows(out.getvalue()) == ["relu_relu", "div_self"]
+    assert main(["check", str(tmp_path), "--examples", "10", "--rule", "relu_relu"], out=io.StringIO()) == 0
+    assert main(["check", str(tmp_path), "-k", "(("], out=io.StringIO()) == 2
+    assert "is not a valid expression" in capsys.readouterr().err
