@@ -27,7 +27,6 @@ from __future__ import annotations
 import collections
 import heapq
 import itertools
-import operator
 import logging
 import os
 import time
@@ -39,7 +38,7 @@ import torch
 import torch.fx as fx
 from torch.fx.node import Node
 
-from .canon import is_written, op_key_of
+from .canon import alias_class, is_written, op_key_of
 from .errors import DidNotConverge, FxRewriteError, RewriteError
 from .index import OpIndex
 from .match import Match, match_at, node_position
@@ -188,6 +187,50 @@ def _drop_dead_attributes(gm: fx.GraphModule, *, owned: bool) -> None:
             delattr(gm, name)
 
 
+def _output_values(graph: fx.Graph) -> tuple[Node, list[Any]]:
+    output = next(n for n in reversed(graph.nodes) if n.op == "output")
+    return output, torch.utils._pytree.tree_leaves(output.args)
+
+
+def _shares_an_input(value: Any) -> bool:
+    """True when a graph output may be (a view of) an input or an attribute of the module."""
+    if not isinstance(value, Node):
+        return False
+    members = alias_class(value)
+    return members is None or any(m.op in ("placeholder", "get_attr") for m in members)
+
+
+def _fresh_outputs(graph: fx.Graph) -> list[bool]:
+    """For each graph output: does it hold a tensor of its own (shares no storage with an input)?"""
+    return [not _shares_an_input(v) for v in _output_values(graph)[1]]
+
+
+def _keep_outputs_fresh(graph: fx.Graph, fresh: list[bool]) -> None:
+    """Keep the outputs' aliasing contract: an output that was a new tensor stays one. After
+    ``neg(neg(x)) => x`` the module would return its input itself, and a caller writing into the
+    result would write into its input; such an output is cloned instead."""
+    output, values = _output_values(graph)
+    if len(values) != len(fresh):
+        return
+    stale = [was_fresh and _shares_an_input(v) for v, was_fresh in zip(values, fresh)]
+    if not any(stale):
+        return
+    aten = any(isinstance(n.target, torch._ops.OpOverload) for n in graph.nodes)
+    clones: dict[Node, Node] = {}
+    for value, needs_clone in zip(values, stale):
+        if needs_clone and value not in clones:
+            with graph.inserting_before(output):
+                clone = (graph.call_function(torch.ops.aten.clone.default, (value,)) if aten
+                         else graph.call_method("clone", (value,)))
+            clone.meta.update({k: value.meta[k] for k in ("val", "tensor_meta") if k in value.meta})
+            clone.meta["stack_trace"] = "fxrewrite: the output was a new tensor before rewriting; it stays one\n"
+            clones[value] = clone
+    positions = iter(stale)
+    leaves, spec = torch.utils._pytree.tree_flatten(output.args)
+    output.args = torch.utils._pytree.tree_unflatten(
+        [clones[v] if next(positions) else v for v in leaves], spec)
+
+
 def _may_match(rule: Rule, node: Node) -> bool:
     """A cheap necessary condition: every op feeding the pattern's anchor also feeds ``node``."""
     required = rule.compiled.anchor_input_keys
@@ -234,8 +277,11 @@ class _Driver:
             self.queued[p] = set(nodes)
 
     def run(self) -> None:
+        fresh = _fresh_outputs(self.graph)
         with self.splicer:
             self._drain()
+        if self.rewrites:
+            _keep_outputs_fresh(self.graph, fresh)
 
     def _drain(self) -> None:
         visits = 0
