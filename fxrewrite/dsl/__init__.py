@@ -8,7 +8,7 @@
 [('double_neg', 'Replaces -(-x) by x.', 'algebra.fxr:2')]
 
 Loading rule text runs no code from it: names resolve through an allow-list (see
-:data:`~fxrewrite.dsl.compile.DEFAULT_NAMES` and docs/dsl.md, "Trust model").
+:data:`~fxrewrite.dsl.scope.DEFAULT_NAMES` and docs/dsl.md, "Trust model").
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..rule import RuleSet
-from .compile import DEFAULT_NAMES, RESERVED_WORDS, compile_rules
+from .compile import compile_rules
+from .scope import DEFAULT_NAMES, RESERVED_WORDS
 from .parse import parse
 
 __all__ = ["DEFAULT_NAMES", "RESERVED_WORDS", "compile_rules", "parse", "parse_rules"]

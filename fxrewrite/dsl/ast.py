@@ -17,6 +17,7 @@ a rule's body keeps its parts in source order.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, Union
 
 import attrs
@@ -48,6 +49,7 @@ __all__ = [
     "Use",
     "Wildcard",
     "children",
+    "walk",
 ]
 
 
@@ -258,6 +260,22 @@ def children(node: Expr) -> tuple[Expr, ...]:
     if isinstance(node, (TupleExpr, ListExpr)):
         return node.elts
     return ()
+
+
+def walk(node: Expr) -> Iterator[Expr]:
+    """``node`` and every expression below it, each before its children and children in
+    evaluation order; iterative, so a deep tree cannot exhaust the stack.
+
+    >>> s = Span(1, 1, 1, 2)
+    >>> tree = BinOp(op="+", left=Name(id="a", span=s), right=UnaryOp(op="-", operand=Name(id="b", span=s), span=s), span=s)
+    >>> [type(n).__name__ for n in walk(tree)]
+    ['BinOp', 'Name', 'UnaryOp', 'Name']
+    """
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        stack.extend(reversed(children(current)))
 
 
 # ---- rules and files ---------------------------------------------------------------------------

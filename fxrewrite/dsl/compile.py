@@ -23,63 +23,35 @@ from __future__ import annotations
 
 import difflib
 import keyword
-import math
 import operator
-import types
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
-import attrs
 import torch
 
 from ..errors import RuleDefinitionError
-from ..match import TensorView
 from ..pattern import LITERAL_TYPES
 from ..rule import Rule, RuleSet
 from . import ast
+from .parse import MAX_DEPTH
+from .scope import (
+    DEFAULT_NAMES,
+    DEFERRED,
+    RESERVED_WORDS,
+    PathError,
+    Scope,
+    check_attribute_name,
+    check_new_name,
+    located_error,
+    shown,
+)
 
-__all__ = ["DEFAULT_NAMES", "RESERVED_WORDS", "Scope", "compile_rule", "compile_rules"]
+__all__ = ["DEFAULT_NAMES", "GUARD_TENSOR_ATTRIBUTES", "RESERVED_WORDS", "MatchView", "Scope", "compile_rule",
+           "compile_rules"]
 
-#: The names every rule file sees.
-DEFAULT_NAMES: Mapping[str, Any] = types.MappingProxyType({
-    "torch": torch,
-    "F": torch.nn.functional,
-    "nn": torch.nn,
-    "operator": operator,
-    "math": math,
-    "int": int,
-    "float": float,
-    "bool": bool,
-    "str": str,
-})
-
-#: Words of the language; they cannot name variables, ``let`` bindings or aliases.
-RESERVED_WORDS = frozenset({
-    "rule", "use", "as", "let", "where", "priority", "and", "or", "not", "in", "is", "True", "False", "None",
-})
-
-#: Attribute names a rule file may not reach from torch, F, nn, operator or math: modules that
-#: are not torch's own (``torch.os``), and what loads files, imports, runs code or changes
-#: torch's global state.
-_REFUSED_ATTRIBUTES = frozenset({
-    "builtins", "os", "sys", "subprocess", "ctypes", "importlib", "inspect", "glob", "platform", "threading",
-    "textwrap", "warnings", "functools", "shutil", "pickle", "dataclasses", "np",
-    "hub", "serialization", "package", "multiprocessing", "distributed", "jit", "library", "onnx", "export",
-    "compiler", "utils", "testing", "fx", "classes", "cpp", "storage", "backends", "profiler",
-    "load", "save", "load_library", "import_module", "from_file", "attrgetter", "methodcaller", "compile",
-    "manual_seed", "seed", "use_deterministic_algorithms",
-})
-
-#: Modules whose functions a rule file may not call even when re-exported under another name.
-_REFUSED_MODULES = frozenset({
-    "hub", "serialization", "package", "multiprocessing", "distributed", "jit", "library", "onnx", "export",
-    "compiler", "utils", "testing", "cpp_extension", "storage", "backends", "profiler",
-})
-
-_ALLOWED_ORIGINS = frozenset({"torch", "math", "operator", "_operator"})
-_PLAIN_DATA = (int, float, complex, str, bytes, bool, type(None))
-_BUILTIN_OP_NAMESPACES = frozenset({"aten", "prims"})
-_TENSOR_VIEW_ATTRIBUTES = frozenset(n for n in dir(TensorView) if not n.startswith("_")) - {"node"}
+#: What a where condition may read of a tensor variable: the match shows it as a view of the
+#: graph node's metadata (:class:`fxrewrite.match.TensorView`), not as a tensor.
+GUARD_TENSOR_ATTRIBUTES = frozenset({"device", "dim", "dtype", "ndim", "shape", "size"})
 _TEMPLATE_NAMES = frozenset({"_fxr", "_evaluate"})
 _MAX_CONSTANT_BITS = 1 << 16
 _MAX_CONSTANT_LENGTH = 1 << 16
@@ -108,8 +80,7 @@ def _check_unique_names(file: ast.RuleFile) -> None:
         seen[r.name] = r
 
 
-def _error(src: ast.SourceText, span: ast.Span, message: str) -> RuleDefinitionError:
-    return RuleDefinitionError(f"{src.where(span)}: {message}\n{src.excerpt(span)}")
+_error = located_error
 
 
 def _runtime_error(src: ast.SourceText, span: ast.Span, message: str) -> RuleDefinitionError:
@@ -118,182 +89,9 @@ def _runtime_error(src: ast.SourceText, span: ast.Span, message: str) -> RuleDef
     return RuleDefinitionError(f"{src.where(span)}: {message}")
 
 
-# ---- scope ---------------------------------------------------------------------------------------
-
-
-@attrs.frozen(eq=False)
-class _Root:
-    """A name in scope: its value, whether it came from the caller (trusted), how to show it."""
-
-    value: Any
-    trusted: bool
-    spelled: str
-
-
-class _PathError(Exception):
-    """A dotted path cannot be followed: step ``index`` is refused, or missing (``missing``)."""
-
-    def __init__(self, index: int, message: str, *, missing: bool = False) -> None:
-        super().__init__(message)
-        self.index = index
-        self.missing = missing
-
-
-_DEFERRED = object()
-
-
-@attrs.frozen(eq=False)
-class Scope:
-    """The names a rule file can see: :data:`DEFAULT_NAMES`, the caller's ``names`` and the
-    file's ``use`` aliases, and the only way to reach anything from a rule file.
-
-    >>> scope = Scope.build(None, {"fold": print})
-    >>> scope.lookup(("torch", "float32")), "fold" in scope
-    (torch.float32, True)
-    """
-
-    roots: Mapping[str, _Root]
-
-    @classmethod
-    def build(cls, file: ast.RuleFile | None, names: Mapping[str, Any] | None) -> Scope:
-        roots = {name: _Root(value, False, getattr(value, "__name__", name)) for name, value in DEFAULT_NAMES.items()}
-        for name, value in _checked_names(names).items():
-            roots[name] = _Root(value, True, f"names[{name!r}]")
-        scope = cls(roots)
-        for use in file.uses if file is not None else ():
-            scope = scope._with_use(use, file.source)
-        return scope
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.roots
-
-    def lookup(self, path: Sequence[str]) -> Any:
-        """The value of a dotted path whose first name is in scope (raises ``_PathError``)."""
-        root = self.roots[path[0]]
-        value = root.value
-        for i, attr in enumerate(path[1:], start=1):
-            value = _step(value, attr, path[:i], root.trusted, i)
-        return value
-
-    def check(self, path: Sequence[str], *, defer_ops: bool = True) -> Any:
-        """Like :meth:`lookup`, at load time: a missing op of a custom ``torch.ops`` namespace
-        (perhaps registered later) gives ``_DEFERRED`` instead of an error if ``defer_ops``."""
-        root = self.roots[path[0]]
-        value = root.value
-        for i, attr in enumerate(path[1:], start=1):
-            if (defer_ops and isinstance(value, torch._ops._OpNamespace)
-                    and value.name not in _BUILTIN_OP_NAMESPACES):
-                try:
-                    value = _step(value, attr, path[:i], root.trusted, i)
-                except _PathError as exc:
-                    if exc.missing:
-                        return _DEFERRED
-                    raise
-                continue
-            value = _step(value, attr, path[:i], root.trusted, i)
-        return value
-
-    def _with_use(self, use: ast.Use, src: ast.SourceText) -> Scope:
-        where = f"use line: 'use {'.'.join(use.path)} as {use.alias}'"
-        _check_new_name(src, use.span, use.alias, what="an alias", scope=self, context=where)
-        if use.path[0] not in self.roots:
-            raise _error(src, use.path_span, f"{where}: '{use.path[0]}' is not a name in scope; a use line "
-                                             f"starts at one of {_shown(self.roots)}.")
-        for attr in use.path[1:]:
-            _check_attribute_name(src, use.path_span, attr, where)
-        try:
-            value = self.check(use.path)
-        except _PathError as exc:
-            raise _error(src, use.path_span, f"{where}: {exc}") from None
-        if value is _DEFERRED:
-            raise _error(src, use.path_span, f"{where}: '{'.'.join(use.path)}' does not exist.")
-        root = self.roots[use.path[0]]
-        roots = {**self.roots, use.alias: _Root(value, root.trusted, ".".join(use.path))}
-        return Scope(roots)
-
-
-def _checked_names(names: Mapping[str, Any] | None) -> Mapping[str, Any]:
-    if names is None:
-        return {}
-    if not isinstance(names, Mapping):
-        raise RuleDefinitionError(f"names= must be a mapping from names to objects, got {type(names).__name__}.")
-    for name in names:
-        if not isinstance(name, str) or not name.isidentifier() or name.startswith("_") or name in RESERVED_WORDS:
-            raise RuleDefinitionError(
-                f"names= has the key {name!r}; keys must be identifiers that do not start with '_' and are not "
-                f"words of the language ({', '.join(sorted(RESERVED_WORDS))})."
-            )
-    return names
-
-
-def _shown(names: Mapping[str, Any]) -> str:
-    return ", ".join(sorted(names))
-
-
-def _step(value: Any, attr: str, prefix: Sequence[str], trusted: bool, index: int) -> Any:
-    """``getattr(value, attr)`` for a path in scope, refusing what rule files may not reach."""
-    dotted = ".".join((*prefix, attr))
-    if not trusted and attr in _REFUSED_ATTRIBUTES:
-        raise _PathError(index, _out_of_bounds(dotted))
-    try:
-        result = getattr(value, attr)
-    except Exception:
-        raise _PathError(index, _missing(value, attr, dotted, prefix), missing=True) from None
-    if not trusted and not _reachable(result):
-        raise _PathError(index, _out_of_bounds(dotted))
-    return result
-
-
-def _reachable(value: Any) -> bool:
-    """Whether a value reached from torch, F, nn, operator or math is one a rule may use."""
-    if isinstance(value, types.ModuleType):
-        parts = value.__name__.split(".")
-        return parts[0] in _ALLOWED_ORIGINS and not _REFUSED_ATTRIBUTES.intersection(parts)
-    if isinstance(value, _PLAIN_DATA):
-        return True
-    origin = getattr(value, "__module__", None)
-    if not isinstance(origin, str):
-        origin = type(value).__module__
-    parts = origin.split(".")
-    return parts[0] in _ALLOWED_ORIGINS and not _REFUSED_MODULES.intersection(parts)
-
-
-def _out_of_bounds(dotted: str) -> str:
-    return (f"'{dotted}' is out of bounds for rule files: they may use torch operations, nn, F, operator and "
-            f"math, but nothing that loads files, imports or runs code, or changes torch's global state (see "
-            f"'Trust model' in docs/dsl.md); pass what you need with names= if you trust it.")
-
-
-def _missing(value: Any, attr: str, dotted: str, prefix: Sequence[str]) -> str:
-    try:
-        candidates = [n for n in dir(value) if not n.startswith("_")]
-    except Exception:
-        candidates = []
-    close = difflib.get_close_matches(attr, candidates, n=3)
-    hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else "."
-    return f"'{dotted}' does not exist ({'.'.join(prefix)} has no attribute '{attr}'){hint}"
-
-
-def _check_attribute_name(src: ast.SourceText, span: ast.Span, attr: str, context: str) -> None:
-    if attr.startswith("_"):
-        raise _error(src, span, f"{context}: the attribute '{attr}' starts with '_'; rule files cannot read "
-                                f"private or special attributes (see 'Trust model' in docs/dsl.md).")
-
-
-def _check_new_name(src: ast.SourceText, span: ast.Span, name: str, *, what: str, scope: Scope | None,
-                    context: str) -> None:
-    """A name about to be defined (alias, let name, capture, variable) must be a usable name."""
-    problem = None
-    if name in RESERVED_WORDS:
-        problem = f"'{name}' is a word of the language and cannot be {what}"
-    elif name.startswith("_"):
-        problem = f"'{name}' starts with '_'; such names are reserved (a lone '_' is the wildcard)"
-    elif keyword.iskeyword(name):
-        problem = f"'{name}' is a Python keyword and cannot be {what}"
-    elif scope is not None and name in scope:
-        problem = f"'{name}' is already a name in scope ({scope.roots[name].spelled}); choose another name"
-    if problem:
-        raise _error(src, span, f"{context}: {problem}.")
+def names_in(node: ast.Expr) -> list[ast.Name]:
+    """The :class:`~ast.Name` nodes of an expression, in evaluation order (lets not followed)."""
+    return [n for n in ast.walk(node) if isinstance(n, ast.Name)]
 
 
 # ---- one rule ------------------------------------------------------------------------------------
@@ -306,6 +104,8 @@ class _RuleContext:
         self.rule, self.src, self.scope = rule, src, scope
         self.context = f"rule '{rule.name}'"
         self.lets = self._lets()
+        self.let_refs = self._let_references()
+        self.let_mentions_variable = self._lets_mentioning_variables()
         self.capture_types = self._captures()
         self.wildcards = self._wildcards()
 
@@ -321,7 +121,7 @@ class _RuleContext:
     def _lets(self) -> dict[str, tuple[int, ast.Let]]:
         lets: dict[str, tuple[int, ast.Let]] = {}
         for i, let in enumerate(self.rule.lets):
-            _check_new_name(self.src, let.span, let.name, what="a let name", scope=self.scope, context=self.context)
+            check_new_name(self.src, let.span, let.name, what="a let name", scope=self.scope, context=self.context)
             if let.name in lets:
                 first = lets[let.name][1].span.line
                 raise self.error(let.span, f"'{let.name}' is defined by let twice (lines {first} and "
@@ -329,10 +129,57 @@ class _RuleContext:
             lets[let.name] = (i, let)
         return lets
 
+    def _let_references(self) -> dict[str, tuple[str, ...]]:
+        """The lets each let's expression names directly. A let may only use the lets above it:
+        a let that uses itself or a later one is refused here, before anything follows the
+        references, so that every later walk over lets ends (and is linear in the rule's size)."""
+        refs: dict[str, tuple[str, ...]] = {}
+        for index, let in self.lets.values():
+            used: dict[str, None] = {}
+            for node in names_in(let.value):
+                if node.id not in self.lets:
+                    continue
+                other_index, other = self.lets[node.id]
+                if other_index == index:
+                    raise self.error(node.span, f"let '{let.name}' (line {let.span.line}) uses itself; a let can "
+                                                f"only use the lets above it. Give the value it builds on another "
+                                                f"name, defined by a let above this one.")
+                if other_index > index:
+                    raise self.error(node.span, f"let '{let.name}' (line {let.span.line}) uses '{node.id}', which "
+                                                f"is defined by a later let (line {other.span.line}); a let can only "
+                                                f"use the lets above it: move 'let {node.id}' above this line.")
+                used.setdefault(node.id)
+            refs[let.name] = tuple(used)
+        return refs
+
+    def _lets_mentioning_variables(self) -> dict[str, bool]:
+        """Whether each let's value depends on a variable of the rule (in one pass, in order)."""
+        mentions: dict[str, bool] = {}
+        for _, let in self.lets.values():
+            mentions[let.name] = self.mentions_variable(let.value, mentions)
+        return mentions
+
+    def mentions_variable(self, node: ast.Expr, lets: Mapping[str, bool] | None = None) -> bool:
+        """Whether ``node`` reads a variable or ``_``, directly or through a let."""
+        lets = self.let_mentions_variable if lets is None else lets
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            if isinstance(n, ast.Wildcard):
+                return True
+            if isinstance(n, ast.Name):
+                if n.id in self.lets:
+                    if lets[n.id]:
+                        return True
+                elif n.id not in self.scope:
+                    return True
+            stack.extend(ast.children(n))
+        return False
+
     def _captures(self) -> dict[str, type]:
         types_: dict[str, type] = {}
         for c in self.rule.captures:
-            _check_new_name(self.src, c.span, c.name, what="a capture", scope=self.scope, context=self.context)
+            check_new_name(self.src, c.span, c.name, what="a capture", scope=self.scope, context=self.context)
             if c.name in self.lets:
                 raise self.error(c.span, f"'{c.name}' is a let name; a capture declares the type of a variable "
                                          f"of the pattern.")
@@ -346,10 +193,10 @@ class _RuleContext:
         if c.type_path[0] not in self.scope:
             raise self.error(c.type_span, f"unknown type '{'.'.join(c.type_path)}' for '{c.name}'; use {allowed}.")
         for attr in c.type_path[1:]:
-            _check_attribute_name(self.src, c.type_span, attr, self.context)
+            check_attribute_name(self.src, c.type_span, attr, self.context)
         try:
             value = self.scope.lookup(c.type_path)
-        except _PathError as exc:
+        except PathError as exc:
             raise self.error(c.type_span, str(exc)) from None
         if value in LITERAL_TYPES or (isinstance(value, type) and issubclass(value, torch.nn.Module)):
             return value
@@ -373,10 +220,10 @@ def compile_rule(rule: ast.RuleDef, src: ast.SourceText, scope: Scope) -> Rule:
     ctx = _RuleContext(rule, src, scope)
     _check_result_counts(ctx)
     pattern = _Compiler(ctx, "pattern")
-    pattern_body = pattern.compile(rule.rewrite.pattern)
+    pattern_body = pattern.compile_side(rule.rewrite.pattern)
     params = tuple(pattern.variables)
     replacement = _Compiler(ctx, "replacement", params)
-    replacement_body = replacement.compile(rule.rewrite.replacement)
+    replacement_body = replacement.compile_side(rule.rewrite.replacement)
     guards = tuple(_guard(ctx, condition, params) for condition in rule.conditions)
     _check_lets_used(ctx, pattern, replacement)
     _check_captures_bound(ctx, params)
@@ -430,11 +277,38 @@ _TEMPLATE = "def _fxr({params}):\n    return _evaluate({params})\n"
 class _Frame:
     """The values of a rule's variables during one evaluation, and the lets computed so far."""
 
-    __slots__ = ("values", "lets")
+    __slots__ = ("values", "lets", "sizes")
 
     def __init__(self, values: dict[str, Any]) -> None:
         self.values = values
         self.lets: dict[str, Any] = {}
+        #: id of a tuple or list seen -> (the container, its element count, its nesting depth)
+        self.sizes: dict[int, tuple[Any, int, int]] = {}
+
+    def measure(self, value: Any) -> tuple[int, int]:
+        """How many elements a tuple or list holds counting nested ones (as torch.fx walks it:
+        a container reachable twice counts twice) and how deeply it nests. Each container is
+        measured once per evaluation, so lets that nest one container in the next stay linear.
+
+        >>> frame = _Frame({})
+        >>> a = [1, 2]
+        >>> frame.measure([a, a, (a,)])
+        (10, 3)
+        """
+        stack: list[tuple[Any, bool]] = [(value, False)]
+        while stack:
+            item, expanded = stack.pop()
+            if id(item) in self.sizes:
+                continue
+            children = [e for e in item if isinstance(e, (tuple, list))]
+            if not expanded and children:
+                stack.append((item, True))
+                stack.extend((c, False) for c in children if id(c) not in self.sizes)
+                continue
+            size = len(item) + sum(self.sizes[id(c)][1] for c in children)
+            depth = 1 + max((self.sizes[id(c)][2] for c in children), default=0)
+            self.sizes[id(item)] = (item, size, depth)
+        return self.sizes[id(value)][1:]
 
 
 def _function(name: str, params: Sequence[str], body: Closure, annotations: Mapping[str, type],
@@ -474,7 +348,7 @@ class _WhereGuard:
 
 def _guard(ctx: _RuleContext, condition: ast.Condition, params: Sequence[str]) -> _WhereGuard:
     compiler = _Compiler(ctx, "where", params)
-    body = compiler.compile(condition.expr)
+    body = compiler.compile_side(condition.expr)
     label = f"'where {condition.text}' ({ctx.src.name}:{condition.span.line})"
     return _WhereGuard(body, tuple(compiler.variables), label)
 
@@ -496,7 +370,52 @@ class _Compiler:
         self.params = params
         self.variables: dict[str, None] = {}
         self.used_lets: set[str] = set()
-        self._let_bodies: dict[str, Closure] = {}
+
+    def compile_side(self, node: ast.Expr) -> Closure:
+        """The closure computing this side's expression ``node``. The lets it uses, directly or
+        through other lets, are each compiled once and evaluated once per call, in the order
+        their evaluation would finish (every let after the lets it uses), before ``node``
+        itself: no closure calls another let's closure, so neither compiling nor evaluating
+        nests deeper than one expression, however many lets a rule chains."""
+        order = self._walk(node)
+        lets = [(name, self.compile(self.ctx.lets[name][1].value, self.ctx.lets[name][0])) for name in order]
+        body = self.compile(node)
+        if not lets:
+            return body
+
+        def evaluate(frame: _Frame) -> Any:
+            for name, let_body in lets:
+                frame.lets[name] = let_body(frame)
+            return body(frame)
+
+        return evaluate
+
+    def _walk(self, root: ast.Expr) -> list[str]:
+        """Walk ``root`` as Python would evaluate it, following each let at its first use:
+        records the pattern's variables in the order of their first use, and returns the lets
+        used, each after the lets it uses. Linear in the size of the rule (each let once)."""
+        follow_lets = self.side != "where"  # where conditions cannot use lets: compiling says so
+        followed: set[str] = set()
+        order: list[str] = []
+        stack: list[ast.Expr | str] = [root]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, str):  # the value of the let ``item`` has been walked
+                order.append(item)
+            elif isinstance(item, ast.Name) and item.id in self.ctx.lets:
+                if follow_lets and item.id not in followed:
+                    followed.add(item.id)
+                    stack += [item.id, self.ctx.lets[item.id][1].value]
+            elif isinstance(item, ast.Name):
+                if self.side == "pattern" and item.id not in self.ctx.scope:
+                    self.variables.setdefault(item.id)
+            elif isinstance(item, ast.Wildcard):
+                if self.side == "pattern":
+                    self.variables.setdefault(self.ctx.wildcards[item.span])
+            else:
+                stack.extend(reversed(ast.children(item)))
+        self.used_lets.update(order)
+        return order
 
     def compile(self, node: ast.Expr, visible_lets: int | None = None) -> Closure:
         visible = len(self.ctx.rule.lets) if visible_lets is None else visible_lets
@@ -531,21 +450,12 @@ class _Compiler:
         if self.side == "where":
             raise self.ctx.error(node.span, f"'{node.id}' is a let name; a where condition can read only the "
                                             f"pattern's variables and captures.")
-        self.used_lets.add(node.id)
-        if node.id not in self._let_bodies:
-            self._let_bodies[node.id] = self.compile(let.value, index)
-        body, name = self._let_bodies[node.id], node.id
-
-        def let_value(frame: _Frame) -> Any:
-            if name not in frame.lets:
-                frame.lets[name] = body(frame)
-            return frame.lets[name]
-
-        return let_value
+        name = node.id
+        return lambda frame: frame.lets[name]  # computed before the side's expression (compile_side)
 
     def _variable(self, node: ast.Name) -> Closure:
         name = node.id
-        _check_new_name(self.ctx.src, node.span, name, what="a variable", scope=None, context=self.ctx.context)
+        check_new_name(self.ctx.src, node.span, name, what="a variable", scope=None, context=self.ctx.context)
         if not name[0].islower():
             raise self.ctx.error(node.span, self._unknown_name(name))
         if self.side == "pattern":
@@ -560,7 +470,7 @@ class _Compiler:
     def _unknown_name(self, name: str) -> str:
         close = difflib.get_close_matches(name, list(self.ctx.scope.roots), n=3)
         hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-        return (f"unknown name '{name}': it is not in scope ({_shown(self.ctx.scope.roots)}), and only names "
+        return (f"unknown name '{name}': it is not in scope ({shown(self.ctx.scope.roots)}), and only names "
                 f"starting with a lower-case letter are variables. Pass it with names= or add a 'use' line.{hint}")
 
     def _side_name(self) -> str:
@@ -568,7 +478,7 @@ class _Compiler:
 
     # -- attributes and paths ----------------------------------------------------------------
     def _attribute(self, node: ast.Attribute, visible: int) -> Closure:
-        _check_attribute_name(self.ctx.src, node.attr_span, node.attr, self.ctx.context)
+        check_attribute_name(self.ctx.src, node.attr_span, node.attr, self.ctx.context)
         path = self._scope_path(node)
         if path is not None:
             return self._path(path)
@@ -593,17 +503,17 @@ class _Compiler:
     def _path(self, path: tuple[tuple[str, ast.Span], ...]) -> Closure:
         names = tuple(name for name, _ in path)
         for name, span in path[1:]:
-            _check_attribute_name(self.ctx.src, span, name, self.ctx.context)
+            check_attribute_name(self.ctx.src, span, name, self.ctx.context)
         try:
             self.ctx.scope.check(names, defer_ops=self.side != "pattern")
-        except _PathError as exc:
+        except PathError as exc:
             raise self.ctx.error(path[exc.index][1], str(exc)) from None
         scope, src = self.ctx.scope, self.ctx.src
 
         def resolve(frame: _Frame) -> Any:
             try:
                 return scope.lookup(names)
-            except _PathError as exc:
+            except PathError as exc:
                 raise _runtime_error(src, path[exc.index][1], str(exc)) from None
 
         return resolve
@@ -616,9 +526,9 @@ class _Compiler:
         name, attr, kind = node.value.id, node.attr, self.ctx.kind(node.value.id)
         if not name[0].islower() or name in RESERVED_WORDS or keyword.iskeyword(name):
             return  # not a variable at all: compiling the name says so
-        if kind == "tensor" and self.side == "where" and attr not in _TENSOR_VIEW_ATTRIBUTES:
+        if kind == "tensor" and self.side == "where" and attr not in GUARD_TENSOR_ATTRIBUTES:
             raise self.ctx.error(node.attr_span, f"a where condition sees tensor '{name}' through its shape, dtype "
-                                                 f"and device: use one of {', '.join(sorted(_TENSOR_VIEW_ATTRIBUTES))}, "
+                                                 f"and device: use one of {', '.join(sorted(GUARD_TENSOR_ATTRIBUTES))}, "
                                                  f"not '{attr}'.")
         if kind == "tensor" and self.side != "where" and not hasattr(torch.Tensor, attr):
             raise self.ctx.error(node.attr_span, f"'{name}' is a tensor variable and torch.Tensor has no attribute "
@@ -635,47 +545,34 @@ class _Compiler:
         func = self.compile(node.func, visible)
         args = self._all(node.args, visible)
         keywords = [(k.name, self.compile(k.value, visible)) for k in node.keywords]
+        if self.side == "pattern" and not self.ctx.mentions_variable(node):  # after a refused callee is named
+            raise self.ctx.error(node.span, "a pattern can only call functions on its variables, and this call "
+                                            "uses none; write the constant it stands for, or move it to the "
+                                            "replacement.")
         return lambda frame: func(frame)(*[a(frame) for a in args], **{k: v(frame) for k, v in keywords})
 
     def _check_callee(self, node: ast.Call) -> None:
         func = node.func
         if isinstance(func, ast.Name) and func.id not in self.ctx.lets and func.id not in self.ctx.scope:
-            _check_new_name(self.ctx.src, func.span, func.id, what="a function", scope=None, context=self.ctx.context)
+            check_new_name(self.ctx.src, func.span, func.id, what="a function", scope=None, context=self.ctx.context)
             kind = self.ctx.kind(func.id)
             if kind == "literal":
                 raise self.ctx.error(func.span, f"'{func.id}' is a literal capture and cannot be called; only "
                                                 f"module captures (e.g. 'where {func.id}: nn.Linear') can.")
             if kind != "module":
                 raise self.ctx.error(func.span, f"unknown function '{func.id}': a called name must be in scope "
-                                                f"({_shown(self.ctx.scope.roots)}), given with names= or a 'use' "
+                                                f"({shown(self.ctx.scope.roots)}), given with names= or a 'use' "
                                                 f"line, or be a module capture declared like "
                                                 f"'where {func.id}: nn.Linear'.")
-        if self.side == "pattern" and not self._mentions_variable(node):
-            raise self.ctx.error(node.span, "a pattern can only call functions on its variables, and this call "
-                                            "uses none; write the constant it stands for, or move it to the "
-                                            "replacement.")
         if isinstance(func, ast.Literal):
             raise self.ctx.error(func.span, f"{func.value!r} is not a function.")
 
-    def _mentions_variable(self, node: ast.Expr) -> bool:
-        stack = [node]
-        while stack:
-            n = stack.pop()
-            if isinstance(n, ast.Wildcard):
-                return True
-            if isinstance(n, ast.Name):
-                if n.id in self.ctx.lets:
-                    stack.append(self.ctx.lets[n.id][1].value)
-                elif n.id not in self.ctx.scope:
-                    return True
-            stack.extend(ast.children(n))
-        return False
 
     # -- operators ---------------------------------------------------------------------------
     def _binop(self, node: ast.BinOp, visible: int) -> Closure:
         left, right = self.compile(node.left, visible), self.compile(node.right, visible)
-        apply = _binary(node.op, self.ctx.src, node.span)
-        return lambda frame: apply(left(frame), right(frame))
+        apply, check = _binary(node.op, self.ctx.src, node.span), self._container_check(node.span)
+        return lambda frame: check(frame, apply(left(frame), right(frame)))
 
     def _unaryop(self, node: ast.UnaryOp, visible: int) -> Closure:
         operand = self.compile(node.operand, visible)
@@ -731,12 +628,30 @@ class _Compiler:
         return lambda frame: slice(*(p(frame) if p is not None else None for p in parts))
 
     def _tupleexpr(self, node: ast.TupleExpr, visible: int) -> Closure:
-        elts = self._all(node.elts, visible)
-        return lambda frame: tuple(e(frame) for e in elts)
+        elts, check = self._all(node.elts, visible), self._container_check(node.span)
+        return lambda frame: check(frame, tuple(e(frame) for e in elts))
 
     def _listexpr(self, node: ast.ListExpr, visible: int) -> Closure:
-        elts = self._all(node.elts, visible)
-        return lambda frame: [e(frame) for e in elts]
+        elts, check = self._all(node.elts, visible), self._container_check(node.span)
+        return lambda frame: check(frame, [e(frame) for e in elts])
+
+    def _container_check(self, span: ast.Span) -> Callable[[_Frame, Any], Any]:
+        """A check that a tuple or list a rule builds stays small and shallow: lets can nest one
+        in the next, and torch.fx would walk the (exponentially large) tree."""
+        src = self.ctx.src
+
+        def check(frame: _Frame, value: Any) -> Any:
+            if isinstance(value, (tuple, list)):
+                size, depth = frame.measure(value)
+                if size > _MAX_CONSTANT_LENGTH:
+                    raise _runtime_error(src, span, f"this tuple or list would hold {size} elements counting nested "
+                                                    f"ones; at most {_MAX_CONSTANT_LENGTH} are allowed.")
+                if depth > MAX_DEPTH:
+                    raise _runtime_error(src, span, f"tuples and lists nested {depth} levels deep; at most "
+                                                    f"{MAX_DEPTH} are allowed.")
+            return value
+
+        return check
 
     def _literal(self, node: ast.Literal, visible: int) -> Closure:
         value = node.value

@@ -42,7 +42,7 @@ def definition_error(text: str, **kwargs) -> str:
     ("rule a:\n    () => ()\n", "2:5", ["the pattern is an empty tuple"]),
     # let
     ("rule a:\n    let t = x\n    let t = x\n    torch.relu(t) => x\n", "3:9", ["'t' is defined by let twice (lines 2 and 3)"]),
-    ("rule a:\n    let t = u * 2\n    let u = x\n    torch.relu(t) => x\n", "2:13", ["'u' is used before its let line"]),
+    ("rule a:\n    let t = u * 2\n    let u = x\n    torch.relu(t) => x\n", "2:13", ["let 't' (line 2) uses 'u', which is defined by a later let (line 3)", "move 'let u' above"]),
     ("rule a:\n    let t = x * 2\n    torch.relu(x) => x\n", "2:9", ["let 't' is never used"]),
     ("rule a:\n    let torch = x\n    torch.relu(x) => x\n", "2:9", ["'torch' is already a name in scope"]),
     ("rule a:\n    let t = x * 2\n    torch.relu(t) => x\n    where t.dim() == 2\n", "4:11",

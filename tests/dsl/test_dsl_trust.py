@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from fxrewrite import RuleDefinitionError, rewrite
 from fxrewrite.dsl import parse_rules
 from fxrewrite.dsl import compile as dsl_compile
+from fxrewrite.dsl import scope as dsl_scope
 
 
 def refused(text: str, **kwargs) -> str:
@@ -89,7 +90,7 @@ def test_use_lines_cannot_escape_the_allow_list():
 
 def test_values_whose_origin_is_outside_torch_are_refused_even_under_an_innocent_name():
     assert "'F.Callable' is out of bounds" in refused("rule r:\n    torch.neg(x) => F.Callable(x)\n")
-    reachable = dsl_compile._reachable
+    reachable = dsl_scope.reachable
     assert not reachable(torch.load) and not reachable(torch.os) and not reachable(F.Callable)
     assert all(reachable(v) for v in (torch.relu, F, F.scaled_dot_product_attention, math.sqrt, operator.add,
                                       torch.float32, torch.nn.Conv2d, torch.ops.aten.add, math.pi, torch.linalg))
