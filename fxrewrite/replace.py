@@ -267,6 +267,8 @@ class Splicer:
         self.gm = gm
         self.tracer = _ReplacementTracer(gm, modules)
         self._previous: Any = None
+        #: The nodes standing for the pattern's outputs after the last splice.
+        self.last_outputs: list[Node] = []
 
     def __enter__(self) -> Splicer:
         self._previous = _ModuleCalls.enter(self.tracer)
@@ -307,6 +309,7 @@ class Splicer:
                                f"was left as it was before this rewrite; {_fix_for(exc, annotated)}") from exc
         _rewire(match, new_outputs)
         _erase(self.gm.graph, match)
+        self.last_outputs = new_outputs
         return tracer.created
 
 

@@ -30,7 +30,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -38,7 +38,7 @@ import torch
 import torch.fx as fx
 from torch.fx.node import Node
 
-from .canon import alias_class, is_written, op_key_of
+from .canon import alias_class, is_written, op_key_of, same_literal
 from .errors import DidNotConverge, FxRewriteError, RewriteError
 from .index import OpIndex
 from .match import Match, match_at, node_position
@@ -231,6 +231,11 @@ def _keep_outputs_fresh(graph: fx.Graph, fresh: list[bool]) -> None:
         [clones[v] if next(positions) else v for v in leaves], spec)
 
 
+def _same_bindings(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    return a.keys() == b.keys() and all(
+        a[k] is b[k] or (not isinstance(a[k], Node) and same_literal(a[k], b[k])) for k in a)
+
+
 def _may_match(rule: Rule, node: Node) -> bool:
     """A cheap necessary condition: every op feeding the pattern's anchor also feeds ``node``."""
     required = rule.compiled.anchor_input_keys
@@ -266,6 +271,7 @@ class _Driver:
         self.modules: dict[str, torch.nn.Module] = dict(gm.named_modules()) if self.needs_modules else {}
         self.splicer = Splicer(gm, self.modules)
         self.mutation_cache: dict[Node, tuple[int, bool]] = {}
+        self.settled: dict[str, set[Node]] = {}
         self.seq = itertools.count()
         self.queues: dict[int, list[tuple[Any, int, Node]]] = {}
         self.queued: dict[int, set[Node]] = {}
@@ -303,6 +309,8 @@ class _Driver:
 
     def _visit(self, node: Node, level: int) -> None:
         for rule in self.by_level[level].get(op_key_of(node.op, node.target), ()):
+            if node in self.settled.get(rule.name, ()):
+                continue  # the rule produced this node from its own pattern: trying again would loop
             tally = self.tallies[rule.name]
             tally.attempts += 1
             if not _may_match(rule, node):
@@ -354,6 +362,9 @@ class _Driver:
         started = time.perf_counter()
         created = self.splicer.splice(match, rule)
         self.index.add(created)
+        new_anchor = self.splicer.last_outputs[match.outputs.index(match.anchor)]
+        if self._reproduces(rule, match, new_anchor):
+            self.settled.setdefault(rule.name, set()).add(new_anchor)
         tally.seconds += time.perf_counter() - started
         tally.applied += 1
         self.rewrites += 1
@@ -362,6 +373,17 @@ class _Driver:
         if self.debug:
             self._lint_after(rule)
         self._requeue(created, inputs)
+
+    def _reproduces(self, rule: Rule, match: Match, new_anchor: Node) -> bool:
+        """True when the rewrite's result is, canonically, the subgraph it replaced (the rule's
+        pattern matches it again with the same bindings: ``F.relu(x, inplace=False) =>
+        torch.relu(x)``, ``x + y => y + x``): the rule is not tried there again, so such a rule
+        fires once per place instead of looping until the budget runs out."""
+        if op_key_of(new_anchor.op, new_anchor.target) != rule.anchor_key:
+            return False
+        return any(_same_bindings(again.bindings, match.bindings)
+                   for again in match_at(rule.compiled, new_anchor, self.gm, modules=self.modules,
+                                         candidates=self._nodes_with_key))
 
     def _requeue(self, created: list[Node], inputs: Iterable[Node]) -> None:
         """Queue what the rewrite may have made matchable: the new nodes, and what lies
