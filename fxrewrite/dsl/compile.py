@@ -331,6 +331,14 @@ def _function(name: str, params: Sequence[str], body: Closure, annotations: Mapp
     return fn
 
 
+class MatchView(Protocol):
+    """What a where condition reads of a match: ``match[name]`` is a view of a tensor variable
+    (with the :data:`GUARD_TENSOR_ATTRIBUTES`), a literal capture's value or a module capture's
+    module. :class:`fxrewrite.match.Match` is one; the DSL needs nothing else of it."""
+
+    def __getitem__(self, name: str) -> Any: ...
+
+
 class _WhereGuard:
     """A ``where`` condition as a guard: ``guard(match) -> bool``."""
 
@@ -339,7 +347,7 @@ class _WhereGuard:
         self._names = tuple(names)
         self.__name__ = self.__qualname__ = label  # what rewrite reports name the guard by
 
-    def __call__(self, match: Any) -> bool:
+    def __call__(self, match: MatchView) -> bool:
         return bool(self._body(_Frame({name: match[name] for name in self._names})))
 
     def __repr__(self) -> str:

@@ -293,3 +293,37 @@ def test_where_guard_is_named_by_its_text_and_location():
 def test_math_constants_and_types_resolve():
     text = "rule r:\n    x * math.pi => x * 3.0 + x * (math.pi - 3.0)\n"
     apply(text, lambda a: a * math.pi, (x4,), expect={"r": 1})
+
+
+# ---- layering ------------------------------------------------------------------------------------
+
+
+def _imports_of(module) -> set[str]:
+    import ast as python_ast
+    import inspect
+
+    tree = python_ast.parse(inspect.getsource(module))
+    return {("." * node.level) + (node.module or "") for node in python_ast.walk(tree)
+            if isinstance(node, python_ast.ImportFrom)}
+
+
+def test_dsl_compile_does_not_reach_back_into_the_matcher():
+    from fxrewrite.dsl import compile as dsl_compile
+
+    assert "..match" not in _imports_of(dsl_compile)
+
+
+def test_what_where_conditions_may_read_of_a_tensor_is_what_the_match_shows():
+    from fxrewrite.dsl.compile import GUARD_TENSOR_ATTRIBUTES
+    from fxrewrite.match import TensorView
+
+    assert GUARD_TENSOR_ATTRIBUTES <= {n for n in dir(TensorView) if not n.startswith("_")}
+
+
+def test_the_allow_list_lives_in_its_own_module():
+    from fxrewrite.dsl import compile as dsl_compile
+    from fxrewrite.dsl import scope
+
+    assert dsl_compile.Scope is scope.Scope and dsl_compile.DEFAULT_NAMES is scope.DEFAULT_NAMES
+    assert ".scope" in _imports_of(dsl_compile)
+    assert not {"..match", "..rule", "..pattern", ".compile"} & _imports_of(scope)
