@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.lark import from_lark
 
-from fxrewrite import FxRewriteError, RuleSet, RuleSyntaxError
-from fxrewrite.dsl import parse_rules
+from fxrewrite import FxRewriteError, RuleSet, RuleSyntaxError, isolation
+from fxrewrite.dsl import ast, parse_rules
 
 FUZZ = settings(
     max_examples=max(settings.default.max_examples, 100),
@@ -27,10 +27,29 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "dsl.md"
 #: Names that reach deep into the compiler: scope names, attributes, variables, captures.
 VOCABULARY = ["x", "y", "t", "s", "conv", "bn", "torch", "F", "nn", "math", "operator", "float", "int", "relu",
               "neg", "shape", "dtype", "dim", "float32", "transpose", "softmax", "Conv2d", "mT", "sum", "os",
-              "eval", "where", "_", "__class__", "Foo", "lambda", "load", "ops", "aten", "add"]
+              "eval", "where", "_", "__class__", "Foo", "lambda", "load", "ops", "aten", "add",
+              # names that change torch's global state, and the modules that lead to them
+              "set_default_device", "set_grad_enabled", "set_printoptions", "manual_seed", "modules", "module",
+              "register_module_forward_hook", "autograd", "random", "default_generator", "cuda"]
+
+
+def global_state() -> list:
+    """Everything fxrewrite.isolation knows how to read of torch's global state."""
+    return [(item, item.get()) for item in isolation._items()]
 
 
 def must_parse_or_fail_cleanly(text: str) -> None:
+    """Parse ``text``: a RuleSet or an FxRewriteError, never another exception, and torch's
+    global state exactly as before (a hostile file may try to change it)."""
+    before = global_state()
+    try:
+        _parse_or_fail_cleanly(text)
+    finally:
+        changed = [item.name for item, value in before if not item.same(item.get(), value)]
+        assert not changed, f"parsing changed global torch state: {changed}"
+
+
+def _parse_or_fail_cleanly(text: str) -> None:
     try:
         result = parse_rules(text, source="fuzz.fxr")
     except RuleSyntaxError as error:
@@ -139,3 +158,86 @@ PIECES = [*"rule x_y:=>()[],.'\"#\n\t -+*/@%<>!0123456789", "rule ", "where ", "
 @given(st.lists(st.sampled_from(PIECES), max_size=60).map("".join))
 def test_text_made_of_the_languages_pieces(text):
     must_parse_or_fail_cleanly(text)
+
+
+# ---- let graphs and state-changing calls -------------------------------------------------------------
+
+#: Calls that change torch's global state if they ever ran while a rule file loads.
+STATE_CHANGING = ["torch.set_default_device('meta')", "torch.set_grad_enabled(False)",
+                  "torch.set_printoptions(precision=12)", "torch.manual_seed(3)", "torch.set_default_dtype(torch.float64)",
+                  "nn.modules.module.register_module_forward_hook(torch.neg)", "torch.use_deterministic_algorithms(True)",
+                  "torch.set_num_threads(1)", "torch.random.fork_rng()", "torch.autograd.set_detect_anomaly(True)"]
+
+
+@st.composite
+def let_expressions(draw, n_lets: int) -> str:
+    """An expression over x, y, constants, any let of the rule (itself and later ones included)
+    and, now and then, a state-changing call."""
+    leaves = st.sampled_from(["x", "y", "1", "2.0", "[1, 2]", "(x, y)", *(f"v{i}" for i in range(n_lets))])
+    parts = draw(st.lists(leaves, min_size=1, max_size=4))
+    expr = parts[0]
+    for part in parts[1:]:
+        op = draw(st.sampled_from([" + ", " * ", " - ", " @ ", ", "]))
+        expr = f"torch.add({expr}{op}{part})" if op == ", " else f"{expr}{op}{part}"
+    if draw(st.integers(0, 4)) == 0:
+        expr = f"{expr} + {draw(st.sampled_from(STATE_CHANGING))}"
+    if draw(st.booleans()):
+        expr = f"{draw(st.sampled_from(['torch.neg', 'torch.relu', 'F.gelu']))}({expr})"
+    return expr
+
+
+@st.composite
+def let_graphs(draw) -> str:
+    """A rule whose lets use each other in any order: chains, diamonds, self and forward references."""
+    n = draw(st.integers(0, 12))
+    lines = ["rule lets:"] + [f"    let v{i} = {draw(let_expressions(n))}" for i in range(n)]
+    lines.append(f"    {draw(let_expressions(n))} => {draw(let_expressions(n))}")
+    if draw(st.booleans()):
+        lines.append(f"    where {draw(st.sampled_from(['x.dim() == 2', 'v0 is None', 'torch.is_grad_enabled()']))}")
+    return "\n".join(lines) + "\n"
+
+
+class _StepCounter:
+    """Counts the expression nodes the compiler visits (every walk asks ``ast.children``)."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self._original = ast.children
+
+    def __enter__(self) -> _StepCounter:
+        def counting(node):
+            self.steps += 1
+            return self._original(node)
+
+        ast.children = counting
+        return self
+
+    def __exit__(self, *exc) -> None:
+        ast.children = self._original
+
+
+@FUZZ
+@given(let_graphs())
+def test_let_graphs_load_or_fail_cleanly_in_steps_linear_in_their_size(text):
+    with _StepCounter() as counter:
+        must_parse_or_fail_cleanly(text)
+    assert counter.steps <= 40 * len(text), (counter.steps, len(text))
+
+
+@FUZZ
+@given(st.sampled_from(STATE_CHANGING), st.sampled_from(["pattern", "replacement", "where", "let"]))
+def test_state_changing_calls_never_change_global_state(call, position):
+    text = {
+        "pattern": f"rule r:\n    torch.neg(x) + {call} => x\n",
+        "replacement": f"rule r:\n    torch.neg(x) => x + {call}\n",
+        "where": f"rule r:\n    torch.neg(x) => x\n    where {call}\n",
+        "let": f"rule r:\n    let s = {call}\n    torch.neg(x) + s => x\n",
+    }[position]
+    before = global_state()
+    try:
+        parse_rules(text, source="fuzz.fxr")
+    except FxRewriteError as error:
+        assert "changes torch's global state" in str(error)
+    else:
+        raise AssertionError(f"loaded a rule calling {call}")
+    assert all(item.same(item.get(), value) for item, value in before)
