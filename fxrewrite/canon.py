@@ -664,6 +664,9 @@ def _schema_aliases(overload: torch._ops.OpOverload, named: Mapping[str, Any]) -
     for ret in overload._schema.returns:
         if ret.alias_info is not None:
             sets |= set(ret.alias_info.before_set) | set(ret.alias_info.after_set)
+            if isinstance(ret.type, torch.ListType) and not sets:  # Tensor(a)[]: the elements alias
+                sets |= {s for a in overload._schema.arguments if a.alias_info is not None
+                         for s in a.alias_info.before_set}
     if not sets:
         return ()
     found = []

@@ -162,3 +162,144 @@ def test_python_functionals_match_their_exported_aten_op(functional):
 def test_inplace_functional_keeps_its_own_key_and_never_matches_the_pure_op():
     rule = Rule.from_functions(lambda x: F.relu6(x) * 2.0, lambda x: F.relu6(x) + F.relu6(x), name="twice")
     assert rewrite(lambda a: F.relu6(a, inplace=True) * 2.0, rule).report.applied["twice"] == 0
+
+
+# ---- what a node means: one row per op family ----------------------------------------------------------------------
+#
+# Each row builds one node in a small graph and states what canon answers about it. These answers
+# drive matching (result kind), the driver's in-place check (mutation, aliasing) and recording on
+# ATen graphs (spelling); every torch release may change them, so they are pinned here.
+
+from fxrewrite.canon import (  # noqa: E402
+    aliased_inputs,
+    aten_spelling,
+    dtype_conversion,
+    is_check,
+    is_written,
+    mutation,
+    result_kind,
+    written_arguments,
+)
+
+
+def _node(build):
+    """The last node ``build(graph, x, y)`` makes, in a graph with tensor placeholders x, y."""
+    graph = fx.Graph()
+    x, y = graph.placeholder("x"), graph.placeholder("y")
+    node = build(graph, x, y)
+    graph.output(node)
+    return node, x, y
+
+
+FAMILIES = {
+    # name: (build, result kind, aliases x?, written argument or None)
+    "pointwise op": (lambda g, x, y: g.call_function(torch.add, (x, y)), "tensor", False, None),
+    "python operator on graph inputs": (lambda g, x, y: g.call_function(operator.mul, (x, y)), "unknown", False, None),
+    "python operator on a tensor": (lambda g, x, y: g.call_function(operator.mul, (g.call_method("neg", (x,)), 2)),
+                                    "tensor", False, None),
+    "aten overload": (lambda g, x, y: g.call_function(torch.ops.aten.neg.default, (x,)), "tensor", False, None),
+    "view method": (lambda g, x, y: g.call_method("transpose", (x, 0, 1)), "tensor", True, None),
+    "view aten": (lambda g, x, y: g.call_function(torch.ops.aten.view.default, (x, [4])), "tensor", True, None),
+    "contiguous may alias": (lambda g, x, y: g.call_method("contiguous", (x,)), "tensor", True, None),
+    "float() may alias": (lambda g, x, y: g.call_method("float", (x,)), "tensor", True, None),
+    "to(dtype) may alias": (lambda g, x, y: g.call_method("to", (x, torch.float32)), "tensor", True, None),
+    "_to_copy copies": (lambda g, x, y: g.call_function(torch.ops.aten._to_copy.default, (x,), {"dtype": torch.float16}),
+                        "tensor", False, None),
+    "swapaxes": (lambda g, x, y: g.call_method("swapaxes", (x, 0, 1)), "tensor", True, None),
+    "moveaxis": (lambda g, x, y: g.call_function(torch.moveaxis, (x, 0, 1)), "tensor", True, None),
+    "ravel": (lambda g, x, y: g.call_method("ravel", (x,)), "tensor", True, None),
+    "unfold": (lambda g, x, y: g.call_method("unfold", (x, 0, 2, 1)), "tensor", True, None),
+    "positive": (lambda g, x, y: g.call_function(torch.positive, (x,)), "tensor", True, None),
+    ".real": (lambda g, x, y: g.call_function(getattr, (x, "real")), "tensor", True, None),
+    ".mT": (lambda g, x, y: g.call_function(getattr, (x, "mT")), "tensor", True, None),
+    "indexing": (lambda g, x, y: g.call_function(operator.getitem, (x, 0)), "unknown", True, None),
+    "split tuple": (lambda g, x, y: g.call_method("split", (x, 2)), "sequence", True, None),
+    "in-place method": (lambda g, x, y: g.call_method("add_", (x, y)), "unknown", True, "x"),
+    "in-place aten": (lambda g, x, y: g.call_function(torch.ops.aten.mul_.Tensor, (x, y)), "tensor", True, "x"),
+    "inplace=True keyword": (lambda g, x, y: g.call_function(F.relu, (x,), {"inplace": True}), "unknown", True, "x"),
+    "inplace=True positional": (lambda g, x, y: g.call_function(F.relu, (x, True)), "unknown", True, "x"),
+    "out= argument": (lambda g, x, y: g.call_function(torch.add, (x, 1), {"out": y}), "unknown", True, "y"),
+    "setitem": (lambda g, x, y: g.call_function(operator.setitem, (x, 0, y)), "unknown", True, "x"),
+    "size method": (lambda g, x, y: g.call_method("size", (x, -1)), "value", False, None),
+    ".shape": (lambda g, x, y: g.call_function(getattr, (x, "shape")), "value", False, None),
+    ".dtype": (lambda g, x, y: g.call_function(getattr, (x, "dtype")), "value", False, None),
+    "dim method": (lambda g, x, y: g.call_method("dim", (x,)), "value", False, None),
+    "sym_size": (lambda g, x, y: g.call_function(torch.ops.aten.sym_size.int, (x, 0)), "value", False, None),
+    "size arithmetic": (lambda g, x, y: g.call_function(operator.mul, (g.call_method("size", (x, 0)),
+                                                                         g.call_method("size", (x, 1)))),
+                        "value", False, None),
+    "math on sizes": (lambda g, x, y: g.call_function(__import__("math").sqrt, (g.call_method("size", (x, -1)),)),
+                      "value", False, None),
+    "max.dim tuple": (lambda g, x, y: g.call_function(torch.ops.aten.max.dim, (x, 0)), "sequence", False, None),
+    "check node": (lambda g, x, y: g.call_function(torch.ops.aten._assert_tensor_metadata.default, (x,),
+                                                   {"dtype": torch.float32}), "none", False, None),
+    "unknown user function": (lambda g, x, y: g.call_function(lambda a, b: a, (x, y)), "unknown", True, None),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_what_a_node_computes_aliases_and_writes(family):
+    build, kind, aliases_x, written = FAMILIES[family]
+    node, x, y = _node(build)
+    assert result_kind(node) == kind
+    assert (x in aliased_inputs(node)) is aliases_x
+    expected_written = {"x": (x,), "y": (y,), None: ()}[written]
+    assert written_arguments(node) == expected_written
+    assert (mutation(node) is not None) is (written is not None)
+
+
+def test_writes_are_found_through_every_alias_and_base():
+    gm = fx.symbolic_trace(lambda a: (a.contiguous().float().swapaxes(0, 1).add_(1), a.neg()))
+    a = next(n for n in gm.graph.nodes if n.op == "placeholder")
+    neg = next(n for n in gm.graph.nodes if n.target == "neg")
+    assert is_written(a)  # written through a chain of (possible) views
+    assert not is_written(neg)
+
+
+def test_a_check_node_is_recognised_only_without_users():
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    check = graph.call_function(torch.ops.aten._assert_scalar.default, (x, "msg"))
+    relu = graph.call_function(torch.ops.aten.relu.default, (x,))
+    graph.output(relu)
+    assert is_check(check)
+    assert not is_check(relu)
+
+
+@pytest.mark.parametrize("op, target, args, kwargs", [
+    ("call_method", "float", (), {}),
+    ("call_method", "to", (torch.float32,), {}),
+    ("call_method", "type", (torch.float32,), {}),
+    ("call_function", torch.ops.aten.to.dtype, (torch.float32,), {}),
+    ("call_function", torch.ops.aten._to_copy.default, (), {"dtype": torch.float32}),
+    ("call_function", torch.ops.prims.convert_element_type.default, (torch.float32,), {}),
+])
+def test_every_spelling_of_a_dtype_conversion_is_one_op_with_its_dtype(op, target, args, kwargs):
+    x = fx.Graph().placeholder("x")
+    assert dtype_conversion(op, target, (x, *args), kwargs) == {"self": x, "dtype": torch.float32}
+    assert op_key_of(op, target) == ("aten", "to")
+    assert canonical_arguments(op, target, (x, *args), kwargs) == {"self": x, "dtype": torch.float32}
+
+
+@pytest.mark.parametrize("op, target, args, kwargs", [
+    ("call_method", "to", ("cpu",), {}),
+    ("call_method", "to", (torch.float32,), {"copy": True}),
+    ("call_function", torch.ops.aten._to_copy.default, (), {"dtype": torch.float32, "device": "meta"}),
+    ("call_method", "float", (torch.contiguous_format,), {}),
+])
+def test_conversions_that_do_more_than_change_the_dtype_are_not_dtype_conversions(op, target, args, kwargs):
+    x = fx.Graph().placeholder("x")
+    assert dtype_conversion(op, target, (x, *args), kwargs) is None
+
+
+@pytest.mark.parametrize("op, target, args, expected", [
+    ("call_method", "sum", (1,), (torch.ops.aten.sum.dim_IntList, [1])),
+    ("call_method", "half", (), (torch.ops.aten.to.dtype, torch.float16)),
+    ("call_function", operator.mul, (2.0,), (torch.ops.aten.mul.Scalar, 2.0)),
+    ("call_function", F.relu, (), (torch.ops.aten.relu.default, None)),
+])
+def test_torch_level_calls_are_spelled_as_torch_export_records_them(op, target, args, expected):
+    x = fx.Graph().placeholder("x")
+    kind, overload, new_args, _ = aten_spelling(op, target, (x, *args), {})
+    assert (kind, overload) == ("call_function", expected[0])
+    assert new_args[0] is x and (expected[1] is None or new_args[1] == expected[1])
