@@ -385,8 +385,75 @@ def test_cli_explain_unknown_rule_is_an_error(files, capsys):
     assert "no rule named nope" in capsys.readouterr().err
 
 
-def test_cli_explain_guard_needing_shapes_without_shapes_is_an_error(files, capsys):
-    code, _ = run_cli("explain", f"{files / 'model.py'}:Net", "--rules", str(files / "myrules.py"))
-    assert code == 2
-    err = capsys.readouterr().err
-    assert "rule 'relu_relu'" in err and "carries no shape/dtype metadata" in err
+def test_cli_explain_guard_needing_shapes_without_shapes_refuses_and_says_how_to_get_them(files, capsys):
+    code, text = run_cli("explain", f"{files / 'model.py'}:Net", "--rules", str(files / "myrules.py"))
+    assert code == 0 and capsys.readouterr().err == ""
+    rules_file = files / "myrules.py"
+    assert (f"  miss at 'relu_1' (relu_1 = torch.relu(relu)): guard <lambda> ({rules_file}:5): "
+            f"""where=lambda m: m["x"].shape[-1] % 16 == 0) needs shapes/dtypes and the graph carries no """
+            f"shapes/dtypes: pass example_inputs= (command line: --shapes) or rewrite a torch.export graph "
+            f"(--export)") in text.splitlines()
+    assert text.splitlines()[-1] == ("Guards refused on a graph without shapes/dtypes: add --shapes (shapes from "
+                                     "example_inputs() next to the target) or --export.")
+
+
+# -- explaining against the graph the rest of the rule set leaves ---------------------------------------------------
+
+
+def relu_dropout_relu(a):
+    return torch.relu(torch.nn.functional.dropout(torch.relu(a), 0.5, False)) + torch.neg(torch.neg(a))
+
+
+NO_DROPOUT = rule(lambda x: torch.nn.functional.dropout(x, 0.5, False), lambda x: x, "no_dropout")
+
+
+def test_after_explains_the_graph_the_other_rules_leave():
+    before = explain(RELU_RELU, relu_dropout_relu)["relu_relu"]
+    assert before.matches == ()
+    assert any(m.graph_node == "relu_1" and m.reason.endswith("graph has dropout") for m in before.misses)
+    after = explain(RELU_RELU, relu_dropout_relu, after=[NO_DROPOUT])["relu_relu"]
+    assert after.matches == ("relu_1",)
+
+
+def test_after_leaves_out_the_rules_being_explained():
+    """neg_neg is in `after` too: were it applied first, its match would be gone."""
+    explanation = explain(RuleSet([RELU_RELU, NEG_NEG]), relu_dropout_relu, after=[NO_DROPOUT, RELU_RELU, NEG_NEG])
+    assert explanation["relu_relu"].matches == ("relu_1",)
+    assert explanation["neg_neg"].matches == ("neg_1",)
+
+
+def test_after_does_not_modify_the_target():
+    gm = fx.symbolic_trace(relu_dropout_relu)
+    code = gm.code
+    explain(RELU_RELU, gm, after=[NO_DROPOUT])
+    assert gm.code == code
+    x = torch.randn(3)
+    torch.testing.assert_close(gm(x), relu_dropout_relu(x))
+    gm.graph.lint()
+
+
+def test_after_with_example_inputs_lets_guards_read_shapes():
+    wide = rule(lambda x: torch.relu(torch.relu(x)), lambda x: torch.relu(x), "wide",
+                where=lambda m: m["x"].shape[-1] >= 8)
+    explanation = explain(wide, relu_dropout_relu, after=[NO_DROPOUT], example_inputs=(torch.randn(2, 8),))
+    assert explanation["wide"].matches == ("relu_1",)
+
+
+def test_a_guard_needing_shapes_on_a_graph_without_them_is_a_miss_that_says_how_to_get_them():
+    wide = rule(lambda x: torch.relu(torch.relu(x)), lambda x: torch.relu(x), "wide",
+                where=lambda m: m["x"].shape[-1] >= 8)
+    miss = explain(wide, lambda a: torch.relu(torch.relu(a)))["wide"].misses[0]
+    assert miss.graph_node == "relu_1"
+    assert "needs shapes/dtypes and the graph carries no shapes/dtypes" in miss.reason
+    assert "example_inputs=" in miss.reason and "--shapes" in miss.reason
+
+
+def test_a_guard_returning_false_on_a_graph_without_shapes_mentions_them():
+    def positive_slope(m):
+        return False
+
+    r = rule(lambda x: torch.relu(torch.relu(x)), lambda x: torch.relu(x), "r", where=positive_slope)
+    bare = explain(r, lambda a: torch.relu(torch.relu(a)))["r"].misses[0].reason
+    assert bare.startswith("guard positive_slope (") and "returned False (the graph carries no shapes/dtypes" in bare
+    with_shapes = explain(r, lambda a: torch.relu(torch.relu(a)), example_inputs=(torch.randn(3),))
+    assert with_shapes["r"].misses[0].reason.endswith("returned False")
