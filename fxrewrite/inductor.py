@@ -34,6 +34,7 @@ import inspect
 import logging
 import operator
 import re
+import time
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -104,6 +105,7 @@ class RulePass(CustomGraphPass):
         self.max_rewrites = max_rewrites
         self._tally = _Tally(rules)
         self._uuid: str | None = None
+        self._seconds = 0.0
 
     @property
     def config_name(self) -> str:
@@ -125,7 +127,20 @@ class RulePass(CustomGraphPass):
         """How many graphs the pass has rewritten."""
         return self._tally.graphs
 
+    @property
+    def seconds(self) -> float:
+        """Wall time spent in the pass over all graphs: the rewrite (``report.seconds``) and the
+        preparation and lowering around it."""
+        return self._seconds
+
     def __call__(self, graph: fx.Graph) -> None:
+        started = time.perf_counter()
+        try:
+            self._run(graph)
+        finally:
+            self._seconds += time.perf_counter() - started
+
+    def _run(self, graph: fx.Graph) -> None:
         from .rewrite import rewrite_graph
 
         before = set(graph.nodes) if self.stage in _ATEN_STAGES else None

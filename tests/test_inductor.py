@@ -401,3 +401,18 @@ def test_example_08_rules_directory_fires_inside_a_compiled_gpt():
     assert "scaled_dot_product_attention" in result["after"] and "softmax" not in result["after"]
     with torch.no_grad():
         torch.testing.assert_close(result["out"], net(tokens), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_bench_compile_measures_the_pass_next_to_the_compile(capsys):
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_compile.py"
+    spec = importlib.util.spec_from_file_location("bench_compile", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = bench.main(["--model", "tiny", "--layers", "1", "--stages", "pre_grad", "--rules", "examples/08_rules"])
+    baseline, with_pass = rows
+    assert baseline["graphs"] == 0 and with_pass["graphs"] == 1 and with_pass["pass"] > 0
+    assert with_pass["fired"] == {"gelu_tanh": 1, "masked_attention": 1}
+    assert "pass/compile" in capsys.readouterr().out
