@@ -32,7 +32,6 @@ from .errors import (
     TargetError,
 )
 from .explain import Explanation, explain, find_matches
-from .inductor import backend, inductor_pass
 from .loader import load_rules, parse_rules
 from .match import Match, TensorView
 from .report import Report, RewriteResult, RuleStats
@@ -74,3 +73,13 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+_LAZY = {"backend": "inductor", "inductor_pass": "inductor"}  # torch._inductor takes seconds to import
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'fxrewrite' has no attribute '{name}'")
