@@ -30,6 +30,7 @@ __all__ = [
     "Capture",
     "Compare",
     "Condition",
+    "Declaration",
     "Expr",
     "Keyword",
     "Let",
@@ -41,6 +42,7 @@ __all__ = [
     "RuleDef",
     "RuleFile",
     "Slice",
+    "Setting",
     "SourceText",
     "Span",
     "Subscript",
@@ -320,6 +322,31 @@ class Condition:
 
 
 @attrs.frozen(kw_only=True)
+class Setting:
+    """``name=value`` in a ``tolerance`` or ``domain`` line."""
+
+    name: str
+    value: Expr
+    span: Span
+
+
+@attrs.frozen(kw_only=True)
+class Declaration:
+    """A ``tolerance`` or ``domain`` line: what the rule's property test may assume.
+
+    ``tolerance rtol=1e-4, atol=1e-6`` and ``domain dtypes=(torch.float32,)`` have settings only;
+    ``domain x: min_value=0.0`` sets them for the input ``x`` (``target``); ``domain n in (1, 2)``
+    lists the values of a literal capture (``target`` and ``values``).
+    """
+
+    kind: str
+    target: str | None
+    settings: tuple[Setting, ...]
+    values: Expr | None
+    span: Span
+
+
+@attrs.frozen(kw_only=True)
 class RuleDef:
     """One ``rule`` block."""
 
@@ -331,6 +358,7 @@ class RuleDef:
     captures: tuple[Capture, ...]
     conditions: tuple[Condition, ...]
     span: Span
+    declarations: tuple[Declaration, ...] = ()
 
 
 @attrs.frozen(kw_only=True)

@@ -46,13 +46,23 @@ from .scope import (
     shown,
 )
 
-__all__ = ["DEFAULT_NAMES", "GUARD_TENSOR_ATTRIBUTES", "RESERVED_WORDS", "MatchView", "Scope", "compile_rule",
-           "compile_rules"]
+__all__ = ["DEFAULT_NAMES", "DOMAIN_SETTINGS", "GUARD_TENSOR_ATTRIBUTES", "INPUT_SETTINGS", "RESERVED_WORDS",
+           "TOLERANCE_SETTINGS", "MatchView", "Scope", "compile_rule", "compile_rules"]
 
 #: What a where condition may read of a tensor variable: the match shows it as a view of the
 #: graph node's metadata (:class:`fxrewrite.match.TensorView`), not as a tensor.
 GUARD_TENSOR_ATTRIBUTES = frozenset({"device", "dim", "dtype", "ndim", "shape", "size"})
 _TEMPLATE_NAMES = frozenset({"_fxr", "_evaluate"})
+_DECLARATION_SIDES = frozenset({"declaration", "module"})
+
+#: ``tolerance`` settings (read by fxrewrite.testing: the comparison of pattern and replacement).
+TOLERANCE_SETTINGS = ("atol", "rtol")
+#: ``domain`` settings for the whole rule (fxrewrite.testing.DOMAIN_KEYS without the three that
+#: other forms of the line set: ``domain x: ...``, ``domain n in (...)``, ``domain conv = ...``).
+DOMAIN_SETTINGS = ("dtypes", "max_value", "min_value", "mixed_dtypes", "non_contiguous", "ranks", "shapes", "sides",
+                   "special_values")
+#: ``domain x: ...`` settings for one tensor input.
+INPUT_SETTINGS = ("dtypes", "max_value", "min_value", "shape", "special_values")
 _MAX_CONSTANT_BITS = 1 << 16
 _MAX_CONSTANT_LENGTH = 1 << 16
 
@@ -229,6 +239,7 @@ def compile_rule(rule: ast.RuleDef, src: ast.SourceText, scope: Scope) -> Rule:
     _check_captures_bound(ctx, params)
     origin = f"{src.name}:{rule.span.line}"
     annotations = {name: ctx.capture_types[name] for name in params if name in ctx.capture_types}
+    tolerance, domain = _Declarations(ctx, params).read()
     return Rule.from_functions(
         _function(f"{rule.name}_pattern", params, pattern_body, annotations, origin),
         _function(f"{rule.name}_replacement", params, replacement_body, annotations, origin),
@@ -237,6 +248,8 @@ def compile_rule(rule: ast.RuleDef, src: ast.SourceText, scope: Scope) -> Rule:
         priority=rule.priority,
         doc=rule.doc,
         origin=origin,
+        tolerance=tolerance,
+        domain=domain,
     )
 
 
@@ -267,6 +280,128 @@ def _check_captures_bound(ctx: _RuleContext, params: Sequence[str]) -> None:
         if c.name not in params:
             raise ctx.error(c.span, f"'{c.name}' is declared as a capture, but the pattern has no variable "
                                     f"'{c.name}' (its variables: {', '.join(params) or 'none'}).")
+
+
+# ---- tolerance and domain lines ------------------------------------------------------------------
+
+
+class _Declarations:
+    """The ``tolerance`` and ``domain`` lines of a rule, read into the ``tolerance=`` and
+    ``domain=`` mappings a Python rule declares. Values are constants, evaluated at load time
+    (nothing is called); ``domain conv = nn.Conv2d(3, 8, 3)`` becomes a factory, called only
+    when the rule is property-tested."""
+
+    def __init__(self, ctx: _RuleContext, params: Sequence[str]) -> None:
+        self.ctx, self.params = ctx, tuple(params)
+        self.tolerance: dict[str, Any] = {}
+        self.domain: dict[str, Any] = {}
+        self._lines: dict[tuple[str, ...], int] = {}
+
+    def read(self) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        for d in self.ctx.rule.declarations:
+            if d.kind == "tolerance":
+                for setting in d.settings:
+                    self._set(("tolerance", setting.name), self._tolerance(setting), setting.span)
+            elif d.values is not None:
+                self._values_of_literal(d)
+            elif d.target is not None:
+                self._settings_of_input(d)
+            else:
+                for setting in d.settings:
+                    self._rule_setting(setting)
+        return self.tolerance or None, self.domain or None
+
+    def _set(self, key: tuple[str, ...], value: Any, span: ast.Span) -> None:
+        if key in self._lines:
+            raise self.ctx.error(span, f"{_spelled(key)} is declared twice (lines {self._lines[key]} and {span.line}); "
+                                       f"declare it once.")
+        self._lines[key] = span.line
+        table = self.tolerance if key[0] == "tolerance" else self.domain
+        for part in key[1:-1]:
+            table = table.setdefault(part, {})
+        table[key[-1]] = value
+
+    def _tolerance(self, setting: ast.Setting) -> float:
+        if setting.name not in TOLERANCE_SETTINGS:
+            raise self.ctx.error(setting.span, _unknown_setting(setting.name, "tolerance", TOLERANCE_SETTINGS))
+        value = self._constant(setting.value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise self.ctx.error(setting.value.span, f"tolerance {setting.name} must be a number >= 0, got {value!r}.")
+        return value
+
+    def _rule_setting(self, setting: ast.Setting) -> None:
+        name = setting.name
+        if name in DOMAIN_SETTINGS:
+            self._set(("domain", name), self._constant(setting.value), setting.span)
+        elif name in self.params and self.ctx.kind(name) == "module":
+            self._set(("domain", "modules", name), self._factory(setting), setting.span)
+        else:
+            modules = [p for p in self.params if self.ctx.kind(p) == "module"]
+            extra = f", or a module capture of the rule ({', '.join(modules)})" if modules else ""
+            raise self.ctx.error(setting.span, _unknown_setting(name, "domain", DOMAIN_SETTINGS, extra))
+
+    def _settings_of_input(self, d: ast.Declaration) -> None:
+        name = d.target or ""
+        if name not in self.params or self.ctx.kind(name) != "tensor":
+            raise self.ctx.error(d.span, f"'domain {name}: ...' sets how the tensor input '{name}' is drawn, but "
+                                         f"the rule has no tensor variable '{name}' (its tensor variables: "
+                                         f"{', '.join(self._of_kind('tensor')) or 'none'}).")
+        for setting in d.settings:
+            if setting.name not in INPUT_SETTINGS:
+                raise self.ctx.error(setting.span, _unknown_setting(setting.name, f"domain {name}:", INPUT_SETTINGS))
+            self._set(("domain", "inputs", name, setting.name), self._constant(setting.value), setting.span)
+
+    def _values_of_literal(self, d: ast.Declaration) -> None:
+        name = d.target or ""
+        if name not in self.params or self.ctx.kind(name) != "literal":
+            raise self.ctx.error(d.span, f"'domain {name} in (...)' lists the values of a literal capture, but "
+                                         f"'{name}' is not one (the rule's literal captures: "
+                                         f"{', '.join(self._of_kind('literal')) or 'none'}; declare one with "
+                                         f"'where {name}: int').")
+        values = self._constant(d.values) if d.values is not None else None
+        if not isinstance(values, (tuple, list)) or not values:
+            raise self.ctx.error(d.span, f"'domain {name} in ...' needs a non-empty tuple or list of values, "
+                                         f"got {values!r}.")
+        self._set(("domain", "literals", name), tuple(values), d.span)
+
+    def _of_kind(self, kind: str) -> list[str]:
+        return [p for p in self.params if self.ctx.kind(p) == kind and not p.startswith("_")]
+
+    def _constant(self, expr: ast.Expr) -> Any:
+        return _Compiler(self.ctx, "declaration", ()).compile_side(expr)(_Frame({}))
+
+    def _factory(self, setting: ast.Setting) -> Callable[[], Any]:
+        body = _Compiler(self.ctx, "module", ()).compile_side(setting.value)
+        text = f"{setting.name} = ... ({self.ctx.src.name}:{setting.span.line})"
+        return _ModuleFactory(body, text)
+
+
+class _ModuleFactory:
+    """``domain conv = nn.Conv2d(...)``: builds the module each time the property test asks."""
+
+    def __init__(self, body: Closure, text: str) -> None:
+        self._body, self._text = body, text
+
+    def __call__(self) -> Any:
+        return self._body(_Frame({}))
+
+    def __repr__(self) -> str:
+        return f"<module factory 'domain {self._text}'>"
+
+
+def _spelled(key: tuple[str, ...]) -> str:
+    kind, *path = key
+    if path[:1] == ["inputs"]:
+        return f"'domain {path[1]}: {path[2]}'"
+    if path[:1] in (["literals"], ["modules"]):
+        return f"the domain of '{path[1]}'"
+    return f"'{kind} {path[0]}'"
+
+
+def _unknown_setting(name: str, line: str, known: Sequence[str], extra: str = "") -> str:
+    close = difflib.get_close_matches(name, list(known), n=1)
+    hint = f" Did you mean '{close[0]}'?" if close else ""
+    return f"'{name}' is not a setting of a '{line}' line; use one of {', '.join(known)}{extra}.{hint}"
 
 
 # ---- generated functions -------------------------------------------------------------------------
@@ -402,7 +537,7 @@ class _Compiler:
         """Walk ``root`` as Python would evaluate it, following each let at its first use:
         records the pattern's variables in the order of their first use, and returns the lets
         used, each after the lets it uses. Linear in the size of the rule (each let once)."""
-        follow_lets = self.side != "where"  # where conditions cannot use lets: compiling says so
+        follow_lets = self.side in ("pattern", "replacement")  # elsewhere lets are refused when compiled
         followed: set[str] = set()
         order: list[str] = []
         stack: list[ast.Expr | str] = [root]
@@ -458,6 +593,9 @@ class _Compiler:
         if self.side == "where":
             raise self.ctx.error(node.span, f"'{node.id}' is a let name; a where condition can read only the "
                                             f"pattern's variables and captures.")
+        if self.side in _DECLARATION_SIDES:
+            raise self.ctx.error(node.span, f"'{node.id}' is a let name; a {self._side_name()} cannot use lets, "
+                                            f"only constants and names in scope.")
         name = node.id
         return lambda frame: frame.lets[name]  # computed before the side's expression (compile_side)
 
@@ -466,6 +604,9 @@ class _Compiler:
         check_new_name(self.ctx.src, node.span, name, what="a variable", scope=None, context=self.ctx.context)
         if not name[0].islower():
             raise self.ctx.error(node.span, self._unknown_name(name))
+        if self.side in _DECLARATION_SIDES:
+            raise self.ctx.error(node.span, f"a {self._side_name()} is built from constants and names in scope; it "
+                                            f"cannot read '{name}' (not a name in scope, so a variable of the rule).")
         if self.side == "pattern":
             self.variables.setdefault(name)
         elif name not in (self.params or ()):
@@ -482,7 +623,8 @@ class _Compiler:
                 f"starting with a lower-case letter are variables. Pass it with names= or add a 'use' line.{hint}")
 
     def _side_name(self) -> str:
-        return {"pattern": "pattern", "replacement": "replacement", "where": "where condition"}[self.side]
+        return {"pattern": "pattern", "replacement": "replacement", "where": "where condition",
+                "declaration": "tolerance or domain value", "module": "module a domain line builds"}[self.side]
 
     # -- attributes and paths ----------------------------------------------------------------
     def _attribute(self, node: ast.Attribute, visible: int) -> Closure:
@@ -561,6 +703,11 @@ class _Compiler:
 
     def _check_callee(self, node: ast.Call) -> None:
         func = node.func
+        if self.side == "declaration":
+            raise self.ctx.error(node.span, "tolerance and domain values are constants (numbers, strings, True, "
+                                            "False, None, names like torch.float32, tuples and lists of them); "
+                                            "nothing is called. To say how to build a module capture, write "
+                                            "'domain conv = nn.Conv2d(3, 8, 3)'.")
         if isinstance(func, ast.Name) and func.id not in self.ctx.lets and func.id not in self.ctx.scope:
             check_new_name(self.ctx.src, func.span, func.id, what="a function", scope=None, context=self.ctx.context)
             kind = self.ctx.kind(func.id)

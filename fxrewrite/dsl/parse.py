@@ -342,9 +342,10 @@ class _ToAst(lark.visitors.Transformer_NonRecursive):
         rewrite = next(b for b in body if isinstance(b, ast.Rewrite))
         captures = tuple(c for b in body if isinstance(b, tuple) for c in b)
         conditions = tuple(b for b in body if isinstance(b, ast.Condition))
+        declarations = tuple(b for b in body if isinstance(b, ast.Declaration))
         return ast.RuleDef(name=str(name), doc=self._string(doc) if doc is not None else None,
                            priority=priority or 0, lets=lets, rewrite=rewrite, captures=captures,
-                           conditions=conditions, span=_token_span(name))
+                           conditions=conditions, declarations=declarations, span=_token_span(name))
 
     @v_args(inline=True)
     def priority(self, minus: Token | None, value: Token) -> int:
@@ -368,6 +369,36 @@ class _ToAst(lark.visitors.Transformer_NonRecursive):
     @v_args(inline=True)
     def where_captures(self, *captures: ast.Capture) -> tuple[ast.Capture, ...]:
         return captures
+
+    # -- declarations ------------------------------------------------------------------------
+    @v_args(inline=True, meta=True)
+    def tolerance_line(self, meta: Any, settings: tuple[ast.Setting, ...]) -> ast.Declaration:
+        return ast.Declaration(kind="tolerance", target=None, settings=settings, values=None, span=_span(meta))
+
+    @v_args(inline=True, meta=True)
+    def domain_line(self, meta: Any, settings: tuple[ast.Setting, ...]) -> ast.Declaration:
+        return ast.Declaration(kind="domain", target=None, settings=settings, values=None, span=_span(meta))
+
+    @v_args(inline=True, meta=True)
+    def domain_input_line(self, meta: Any, name: Token, settings: tuple[ast.Setting, ...]) -> ast.Declaration:
+        return ast.Declaration(kind="domain", target=str(name), settings=settings, values=None, span=_span(meta))
+
+    @v_args(inline=True, meta=True)
+    def domain_values_line(self, meta: Any, name: Token, values: ast.Expr) -> ast.Declaration:
+        return ast.Declaration(kind="domain", target=str(name), settings=(), values=values, span=_span(meta))
+
+    @v_args(inline=True)
+    def settings(self, *items: ast.Setting) -> tuple[ast.Setting, ...]:
+        seen: set[str] = set()
+        for item in items:
+            if item.name in seen:
+                raise self._error(item.span, f"'{item.name}' is set twice on this line; set it once.")
+            seen.add(item.name)
+        return items
+
+    @v_args(inline=True)
+    def setting(self, name: Token, value: ast.Expr) -> ast.Setting:
+        return ast.Setting(name=str(name), value=value, span=_token_span(name))
 
     @v_args(inline=True)
     def capture(self, name: Token, dotted: tuple[tuple[str, ...], ast.Span]) -> ast.Capture:

@@ -65,7 +65,6 @@ DEFAULT_NAMES: Mapping[str, Any] = types.MappingProxyType({
 #: Words of the language; they cannot name variables, ``let`` bindings or aliases.
 RESERVED_WORDS = frozenset({
     "rule", "use", "as", "let", "where", "priority", "and", "or", "not", "in", "is", "True", "False", "None",
-    "tolerance", "domain",
 })
 
 #: Attribute names a rule file may not reach from torch, F, nn, operator or math: modules that

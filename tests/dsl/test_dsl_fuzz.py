@@ -84,7 +84,8 @@ EXPLICIT = {
     "INTEGER": st.sampled_from(["0", "1", "2", "10", "999999999999"]).map(" {} ".format),
     "RULE": st.just("rule "),
     "USE": st.just("use "),
-    **{name: spaced(name.lower()) for name in ("AS", "LET", "WHERE", "PRIORITY", "AND", "OR", "NOT", "IN", "IS")},
+    **{name: spaced(name.lower()) for name in ("AS", "LET", "WHERE", "PRIORITY", "AND", "OR", "NOT", "IN", "IS",
+                                              "TOLERANCE", "DOMAIN")},
     **{name: spaced(name.title()) for name in ("TRUE", "FALSE", "NONE")},
 }
 

@@ -1,0 +1,167 @@
+"""`tolerance` and `domain` lines: a rule written in the DSL declares what its property test may
+assume, as a Python rule does with tolerance= and domain=, so a folding rule in a .fxr file
+passes its own property test."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+from fxrewrite import Rule, RuleDefinitionError, RuleSyntaxError, rewrite
+from fxrewrite.dsl import parse_rules
+from fxrewrite.dsl.compile import DOMAIN_SETTINGS, INPUT_SETTINGS, TOLERANCE_SETTINGS
+
+FOLD_SCALES = '''
+rule fold_scales "Folds two scalings into one: (x * a) * b => x * (a * b)":
+    x * a * b => x * (a * b)
+    where a: float, b: float
+'''
+
+FOLD_SCALES_DECLARED = FOLD_SCALES + '''\
+    tolerance rtol=1e-5, atol=1e-6
+    domain dtypes=(torch.float32, torch.float64), special_values=False
+    domain x: min_value=-1e3, max_value=1e3
+    domain a in (0.5, 2.0, -3.0, 0.1)
+    domain b in (4.0, -0.25, 1e-3)
+'''
+
+
+def refused(text: str, **kwargs) -> str:
+    with pytest.raises(RuleDefinitionError) as info:
+        parse_rules(text, source="decl.fxr", **kwargs)
+    return str(info.value)
+
+
+def test_declarations_become_the_tolerance_and_domain_a_python_rule_declares():
+    (rule,) = parse_rules(FOLD_SCALES_DECLARED, source="folding.fxr")
+    assert rule.tolerance == {"rtol": 1e-5, "atol": 1e-6}
+    assert rule.domain == {
+        "dtypes": (torch.float32, torch.float64),
+        "special_values": False,
+        "inputs": {"x": {"min_value": -1e3, "max_value": 1e3}},
+        "literals": {"a": (0.5, 2.0, -3.0, 0.1), "b": (4.0, -0.25, 1e-3)},
+    }
+
+
+def test_a_rule_without_declarations_declares_nothing():
+    (rule,) = parse_rules(FOLD_SCALES)
+    assert rule.tolerance is None and rule.domain is None
+
+
+def test_a_folding_rule_written_in_the_dsl_passes_its_own_property_test():
+    from fxrewrite.testing import check_rule
+
+    (rule,) = parse_rules(FOLD_SCALES_DECLARED, source="folding.fxr")
+    result = check_rule(rule, max_examples=40)
+    assert result.verdict == "sound", result.message
+    assert "domain declared" in result.message
+
+
+@pytest.mark.slow
+def test_the_same_rule_without_its_declarations_is_found_unsound():
+    from fxrewrite.testing import check_rule
+
+    (rule,) = parse_rules(FOLD_SCALES, source="folding.fxr")
+    assert check_rule(rule, max_examples=40).verdict == "unsound"
+
+
+def test_the_declared_rule_still_rewrites():
+    (rule,) = parse_rules(FOLD_SCALES_DECLARED)
+
+    def model(t):
+        return t * 2.0 * 4.0
+
+    result = rewrite(model, rule)
+    result.module.graph.lint()
+    assert result.report.applied == {"fold_scales": 1}
+    t = torch.randn(5)
+    torch.testing.assert_close(result.module(t), model(t))
+
+
+def test_a_module_capture_is_built_by_a_factory_that_runs_only_when_tested():
+    built = []
+
+    def make_linear():
+        built.append(1)
+        return nn.Linear(3, 3)
+
+    text = ("rule lin_twice:\n    lin(x) + lin(x) => lin(x) * 2\n    where lin: nn.Linear\n"
+            "    domain lin = make(), dtypes=(torch.float32,)\n"
+            "    domain x: shape=(2, 3)\n")
+    (rule,) = parse_rules(text, names={"make": make_linear})
+    assert built == []
+    factory = rule.domain["modules"]["lin"]
+    assert isinstance(factory(), nn.Linear) and built == [1]
+    assert "domain lin = ..." in repr(factory)
+    (rule,) = parse_rules(text.replace("make()", "nn.Linear(3, 4)"), names={"make": make_linear})
+    assert rule.domain["modules"]["lin"]().out_features == 4
+
+
+def test_a_declared_rule_matches_what_the_equivalent_python_rule_declares():
+    (dsl,) = parse_rules("rule r:\n    torch.relu(torch.relu(x)) => torch.relu(x)\n"
+                         "    tolerance atol=0\n    domain ranks=(1, 2), shapes='equal'\n")
+    python = Rule.from_functions(lambda x: torch.relu(torch.relu(x)), lambda x: torch.relu(x), name="r",
+                                 tolerance={"atol": 0}, domain={"ranks": (1, 2), "shapes": "equal"})
+    assert (dsl.tolerance, dsl.domain) == (python.tolerance, python.domain)
+
+
+def test_tolerance_and_domain_remain_usable_as_variable_names():
+    (rule,) = parse_rules("rule r:\n    let tolerance = domain * 2\n    tolerance + 1 => domain * 2 + 1\n")
+    assert [p.name for p in rule.compiled.params] == ["domain"]
+
+
+def test_the_settings_the_dsl_knows_are_those_the_property_tester_reads():
+    from fxrewrite.testing import DOMAIN_KEYS
+    from fxrewrite.testing.equivalence import Tolerance
+    from fxrewrite.testing.strategies import _INPUT_KEYS
+
+    assert set(DOMAIN_SETTINGS) | {"literals", "modules", "inputs"} == set(DOMAIN_KEYS)
+    assert set(INPUT_SETTINGS) == set(_INPUT_KEYS)
+    assert set(TOLERANCE_SETTINGS) == {f.name for f in __import__("attrs").fields(Tolerance)}
+
+
+# ---- errors --------------------------------------------------------------------------------------
+
+BASE = "rule r:\n    x * a => x\n    where a: float\n"
+
+
+@pytest.mark.parametrize("line, where, fragments", [
+    ("tolerance rtl=1e-3", "4:15", ["'rtl' is not a setting of a 'tolerance' line", "Did you mean 'rtol'?"]),
+    ("tolerance rtol=-1.0", "4:20", ["tolerance rtol must be a number >= 0, got -1.0"]),
+    ("tolerance rtol='a'", "4:20", ["must be a number >= 0"]),
+    ("domain dtype=(torch.float32,)", "4:12", ["'dtype' is not a setting of a 'domain' line", "'dtypes'"]),
+    ("domain y: min_value=0", "4:5", ["the rule has no tensor variable 'y'", "its tensor variables: x"]),
+    ("domain a: min_value=0", "4:5", ["no tensor variable 'a'"]),
+    ("domain x: min_val=0", "4:15", ["'min_val' is not a setting of a 'domain x:' line", "'min_value'"]),
+    ("domain x in (1, 2)", "4:5", ["'x' is not one", "the rule's literal captures: a"]),
+    ("domain a in ()", "4:5", ["needs a non-empty tuple or list of values"]),
+    ("domain a in 3", "4:5", ["needs a non-empty tuple or list of values, got 3"]),
+    ("domain ranks=torch.ones(2)", "4:18", ["tolerance and domain values are constants", "nothing is called"]),
+    ("domain ranks=(x, 2)", "4:19", ["cannot read 'x'"]),
+    ("domain min_value=torch.set_default_device", "4:28", ["changes torch's global state"]),
+    ("domain ranks=(1, 2)\n    domain ranks=(2, 3)", "5:12", ["'domain ranks' is declared twice (lines 4 and 5)"]),
+    ("domain a in (1.0,)\n    domain a in (2.0,)", "5:5", ["the domain of 'a' is declared twice"]),
+    ("domain x: shape=(2,)\n    domain x: shape=(3,)", "5:15", ["'domain x: shape' is declared twice"]),
+    ("domain conv = nn.Conv2d(1, 1, 1)", "4:12", ["'conv' is not a setting of a 'domain' line"]),
+])
+def test_bad_declarations_are_refused_naming_the_line_and_the_fix(line, where, fragments):
+    message = refused(BASE + f"    {line}\n")
+    assert message.startswith(f"decl.fxr:{where}: rule 'r': "), message
+    for fragment in fragments:
+        assert fragment in message, message
+
+
+def test_a_module_factory_may_call_but_not_read_variables():
+    text = "rule r:\n    lin(x) => lin(x)\n    where lin: nn.Linear\n    domain lin = nn.Linear(x, 3)\n"
+    assert "cannot read 'x'" in refused(text)
+
+
+def test_a_setting_given_twice_on_one_line_is_a_syntax_error():
+    with pytest.raises(RuleSyntaxError, match="'rtol' is set twice on this line"):
+        parse_rules(BASE + "    tolerance rtol=1e-3, rtol=1e-4\n")
+
+
+def test_declarations_come_after_the_rewrite_line():
+    with pytest.raises(RuleSyntaxError):
+        parse_rules("rule r:\n    tolerance rtol=1e-3\n    x * a => x\n")
