@@ -256,6 +256,12 @@ class _Search:
         if param.kind == "module":
             ok = isinstance(gv, str)
             reason = f"module capture '{param.name}' can only bind a submodule path, not {_show(gv)}"
+        elif param.kind == "literal" and param.annotation is torch.dtype and isinstance(gv, Node):
+            known = _known_dtype(gv)  # a dtype the graph computes (x.to(y.dtype)), known from its metadata
+            if known is not None:
+                gv, ok = known, True
+            else:
+                ok, reason = False, f"'{param.name}' is a dtype capture; node '{gv.name}' computes no known dtype"
         elif isinstance(gv, Node):
             ok = param.kind == "tensor" and not (self.options.injective and gv in self.used)
             reason = f"'{param.name}' is a {param.kind} capture and cannot bind node '{gv.name}'"
@@ -451,6 +457,18 @@ def _sound_match(pattern: Pattern, p2g: Mapping[Node, Any], anchor: Node,
                                len(p2g))
     nodes = tuple(sorted([*inner, *checks], key=node_position))
     return Match(pattern, bindings, nodes, outputs, anchor, module_paths, dict(p2g)), None
+
+
+def _known_dtype(node: Node) -> torch.dtype | None:
+    """The dtype a node computes, when its metadata (or that of the tensor it reads ``.dtype``
+    of) says."""
+    val = node.meta.get("val")
+    if isinstance(val, torch.dtype):
+        return val
+    if node.op == "call_function" and node.target is getattr and node.args[1:2] == ("dtype",):
+        source = node.args[0].meta.get("val") if isinstance(node.args[0], Node) else None
+        return source.dtype if isinstance(source, torch.Tensor) else None
+    return None
 
 
 def _absorbable(user: Node, inner: Mapping[Node, Node]) -> bool:

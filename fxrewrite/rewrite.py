@@ -205,7 +205,7 @@ def _fresh_outputs(graph: fx.Graph) -> list[bool]:
     return [not _shares_an_input(v) for v in _output_values(graph)[1]]
 
 
-def _keep_outputs_fresh(graph: fx.Graph, fresh: list[bool]) -> None:
+def _keep_outputs_fresh(graph: fx.Graph, fresh: list[bool], *, aten: bool) -> None:
     """Keep the outputs' aliasing contract: an output that was a new tensor stays one. After
     ``neg(neg(x)) => x`` the module would return its input itself, and a caller writing into the
     result would write into its input; such an output is cloned instead."""
@@ -215,7 +215,6 @@ def _keep_outputs_fresh(graph: fx.Graph, fresh: list[bool]) -> None:
     stale = [was_fresh and _shares_an_input(v) for v, was_fresh in zip(values, fresh)]
     if not any(stale):
         return
-    aten = any(isinstance(n.target, torch._ops.OpOverload) for n in graph.nodes)
     clones: dict[Node, Node] = {}
     for value, needs_clone in zip(values, stale):
         if needs_clone and value not in clones:
@@ -284,10 +283,11 @@ class _Driver:
 
     def run(self) -> None:
         fresh = _fresh_outputs(self.graph)
+        aten = any(isinstance(n.target, torch._ops.OpOverload) for n in self.graph.nodes)
         with self.splicer:
             self._drain()
         if self.rewrites:
-            _keep_outputs_fresh(self.graph, fresh)
+            _keep_outputs_fresh(self.graph, fresh, aten=aten)
 
     def _drain(self) -> None:
         visits = 0
