@@ -14,7 +14,6 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-import fxrewrite
 from fxrewrite import Rule, RewriteError, explain, rewrite
 
 
