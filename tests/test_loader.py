@@ -238,3 +238,58 @@ def test_function_pair_used_by_a_module_level_rule_is_not_loaded_twice(tmp_path)
     rules = load_rules(tmp_path / "guarded.py")
     assert len(rules) == 1
     assert rules["neg_neg"].priority == 5 and len(rules["neg_neg"].where) == 1
+
+
+# ---- your rules added to the standard library ----------------------------------------------------------------
+
+
+def test_with_standard_adds_the_rules_of_a_path_after_the_standard_library(tmp_path):
+    mine = write(tmp_path / "mine.fxr", "rule exp_log:\n    torch.exp(torch.log(x)) => x\n")
+    standard = load_rules()
+    both = load_rules(mine, with_standard=True)
+    assert both.names == (*standard.names, "exp_log")
+    result = rewrite(lambda a: torch.relu(torch.relu(torch.exp(torch.log(a)))), both)
+    assert result.report.applied["exp_log"] == 1 and result.report.applied["relu_relu"] == 1
+    result.module.graph.lint()
+    x = torch.rand(5) + 0.5
+    torch.testing.assert_close(result.module(x), torch.relu(x))
+
+
+def test_with_standard_without_a_path_is_the_standard_library():
+    assert load_rules(with_standard=True).names == load_rules().names
+
+
+def test_with_standard_a_rule_named_like_a_standard_one_names_both_places(tmp_path):
+    mine = write(tmp_path / "mine.fxr", "rule relu_relu:\n    torch.relu(torch.relu(x)) => torch.relu(x)\n")
+    with pytest.raises(RuleDefinitionError, match="two rules are named 'relu_relu'") as info:
+        load_rules(mine, with_standard=True)
+    assert str(mine) in str(info.value) and "activations.fxr" in str(info.value)
+
+
+# ---- import_file: the one way a .py file is imported by path (rule files and CLI targets) ------------------------
+
+
+def test_import_file_names_modules_by_prefix_stem_and_path(tmp_path):
+    a = write(tmp_path / "a" / "rules.py", "VALUE = 'a'\n")
+    b = write(tmp_path / "b" / "rules.py", "VALUE = 'b'\n")
+    first, second = loader.import_file(a, prefix="p_"), loader.import_file(b, prefix="p_")
+    assert (first.VALUE, second.VALUE) == ("a", "b")
+    assert first.__name__ != second.__name__ and first.__name__.startswith("p_rules_")
+    assert sys.modules[first.__name__] is first  # pickling and dataclasses look modules up by name
+
+
+def test_import_file_puts_the_files_directory_on_sys_path_only_while_it_runs(tmp_path):
+    write(tmp_path / "helper_for_import_file.py", "ANSWER = 42\n")
+    main = write(tmp_path / "main.py", "from helper_for_import_file import ANSWER\n")
+    path_before = list(sys.path)
+    assert loader.import_file(main, prefix="p_").ANSWER == 42
+    assert sys.path == path_before
+
+
+@pytest.mark.parametrize("body, error", [("raise KeyError('k')\n", KeyError), ("import sys\nsys.exit(3)\n", SystemExit)])
+def test_import_file_lets_the_error_through_and_leaves_no_module(tmp_path, body, error):
+    bad = write(tmp_path / "bad.py", body)
+    modules_before = set(sys.modules)
+    with pytest.raises(error):
+        loader.import_file(bad, prefix="p_")
+    assert set(sys.modules) - modules_before == set()
