@@ -419,3 +419,39 @@ def test_bench_compile_measures_the_pass_next_to_the_compile(capsys):
     assert baseline["graphs"] == 0 and with_pass["graphs"] == 1 and with_pass["pass"] > 0
     assert with_pass["fired"] == {"gelu_tanh": 1, "masked_attention": 1}
     assert "pass/compile" in capsys.readouterr().out
+
+
+# -- Hugging Face GPT-2 ------------------------------------------------------------------------
+
+
+def hf_attention(q, k, v, mask, s: float):
+    """GPT-2's eager attention as transformers writes it (``.type(value.dtype)`` is folded to a
+    dtype literal in Dynamo's graph, and matched through the value's metadata)."""
+    weights = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * s + mask, dim=-1)
+    return torch.matmul(F.dropout(weights.type(v.dtype), p=0.0, training=False), v)
+
+
+def sdpa(q, k, v, mask, s: float):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=s)
+
+
+def test_gpt2_eager_attention_becomes_sdpa_inside_torch_compile():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=32,
+                                     bos_token_id=0, eos_token_id=0)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+    graphs = []
+
+    def keep_then_eager(gm, example_inputs):
+        graphs.append(op_names(gm.graph))
+        return gm.forward
+
+    backend = fxrewrite.backend(Rule.from_functions(hf_attention, sdpa, name="hf_attention"), then=keep_then_eager)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, backend=backend)(ids).logits, model(ids).logits,
+                                   rtol=1e-4, atol=1e-5)
+    assert backend.report.applied == {"hf_attention": 2}
+    assert graphs[0]["scaled_dot_product_attention"] == 2 and graphs[0]["softmax"] == 0
