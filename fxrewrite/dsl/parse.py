@@ -56,7 +56,8 @@ def parse(text: str, *, source: str = "<string>") -> ast.RuleFile:
     except UnexpectedInput as exc:
         raise _from_lark(src, exc) from None
     except _UnclosedBracket as exc:
-        raise syntax_error(src, exc.line, exc.column, f"'{exc.bracket}' is never closed.") from None
+        raise syntax_error(src, exc.line, exc.column, f"'{exc.bracket}' is never closed; add "
+                                                      f"'{_CLOSING[exc.bracket]}' where its expression ends.") from None
     _check_depth(src, tree)
     try:
         return _ToAst(src).transform(tree)
@@ -220,10 +221,21 @@ def _sentence(src: ast.SourceText, token: Token, expected: set[str]) -> str:
     line = src.text[src.text.rfind("\n", 0, start) + 1:start].split()
     in_where_or_let = bool(line) and line[0] in ("where", "let")
     found = _describe_found(token)
+    bracket = _innermost_open_bracket(src.text, start)
     if str(token) == ">" and before.endswith("-"):
         return "the arrow between a pattern and its replacement is '=>', not '->'."
+    if str(token) == ">" and before.endswith("=") and bracket is not None:
+        return _unclosed(bracket, "'=>'")
     if str(token) == ">" and before.endswith("="):
         return "found '=>' inside brackets; is a ')' or ']' missing before it?"
+    if bracket is not None and str(token) in _CLOSING.values() and str(token) != _CLOSING[bracket[0]]:
+        opening, at_line, at_column = bracket
+        return (f"the '{opening}' at line {at_line}, column {at_column} is closed with '{token}'; close it with "
+                f"'{_CLOSING[opening]}'.")
+    if bracket is not None and _CLOSING[bracket[0]] in texts and (token.type in ("_NL", "_NL_INDENT", "$END")
+                                                                    or str(token) in ("=>", "=")
+                                                                    or token.line != bracket[1]):
+        return _unclosed(bracket, found)
     if str(token) == "=" and not (line and line[0] == "let" and len(line) == 2):
         return "found '=', which assigns nothing here: compare with '==' (keyword arguments go inside a call)."
     if "=>" in texts and not in_where_or_let:
@@ -240,6 +252,46 @@ def _sentence(src: ast.SourceText, token: Token, expected: set[str]) -> str:
         return (f"expected a 'where' line or the end of the rule (a rule has one 'pattern => replacement' line, "
                 f"after its 'let' lines), found {found}.")
     return f"expected {_expected_phrase(expected)}, found {found}."
+
+
+_CLOSING = {"(": ")", "[": "]"}
+
+
+def _innermost_open_bracket(text: str, end: int) -> tuple[str, int, int] | None:
+    """The innermost bracket still open at offset ``end`` of ``text`` (strings and comments
+    skipped), as ``(bracket, line, column)``; ``None`` when every bracket is closed.
+
+    >>> _innermost_open_bracket("rule r:\\n    f(x, [1, '(']", 26)
+    ('(', 2, 6)
+    """
+    stack: list[int] = []
+    i, end = 0, min(end, len(text))
+    while i < end:
+        c = text[i]
+        if c in "\"'":
+            close = text.find(c, i + 1)
+            while close != -1 and text[close - 1] == "\\" and text[close - 2] != "\\":
+                close = text.find(c, close + 1)
+            i = end if close == -1 else close
+        elif c == "#":
+            newline = text.find("\n", i)
+            i = end if newline == -1 else newline
+        elif c in "([":
+            stack.append(i)
+        elif c in ")]" and stack:
+            stack.pop()
+        i += 1
+    if not stack:
+        return None
+    offset = stack[-1]
+    line = text.count("\n", 0, offset) + 1
+    return text[offset], line, offset - (text.rfind("\n", 0, offset) + 1) + 1
+
+
+def _unclosed(bracket: tuple[str, int, int], found: str) -> str:
+    opening, line, column = bracket
+    return (f"the '{opening}' at line {line}, column {column} is never closed: expected '{_CLOSING[opening]}' "
+            f"before {found}.")
 
 
 def _from_lark(src: ast.SourceText, exc: UnexpectedInput) -> RuleSyntaxError:

@@ -72,10 +72,10 @@ def test_the_declared_rule_still_rewrites():
     def model(t):
         return t * 2.0 * 4.0
 
-    result = rewrite(model, rule)
+    t = torch.randn(5)
+    result = rewrite(model, rule, example_inputs=(t,))  # the declared dtypes are known only with metadata
     result.module.graph.lint()
     assert result.report.applied == {"fold_scales": 1}
-    t = torch.randn(5)
     torch.testing.assert_close(result.module(t), model(t))
 
 

@@ -211,7 +211,15 @@ def syntax_error(text: str) -> RuleSyntaxError:
     ("rule a:\n    torch.neg(x) => x\n    let t = x\n", (3, 5), "expected a 'where' line or the end of the rule"),
     ("use torch.ops.mylib\n", (1, 20), "expected 'as' and an alias"),
     ("  torch.neg(x) => x\n", (1, 3), "expected a 'rule' or 'use' line starting at column 0"),
-    ("rule a:\n    torch.relu(x => x\n", (2, 19), "found '=>' inside brackets; is a ')' or ']' missing before it?"),
+    ("rule a:\n    torch.relu(x => x\n", (2, 19), "the '(' at line 2, column 15 is never closed: expected ')' before '=>'."),
+    ("rule a:\n    torch.neg(x + (y * 2) => x\n", (2, 27),
+     "the '(' at line 2, column 14 is never closed: expected ')' before '=>'."),
+    ("rule a:\n    let t = torch.neg(x\n    t => t\n", (3, 5),
+     "the '(' at line 2, column 22 is never closed: expected ')' before the name 't'."),
+    ("rule a:\n    torch.neg(x) => torch.cat([x, x), 0)\n", (2, 36),
+     "the '[' at line 2, column 31 is closed with ')'; close it with ']'."),
+    ("rule a:\n    torch.add(x, '(') => x\n    where x.dim() in (1, 2]\n", (3, 27),
+     "the '(' at line 3, column 22 is closed with ']'; close it with ')'."),
     ("rule a:\n    torch.relu(x) => $x\n", (2, 22), "unexpected character '$'"),
     ("rule a:\n    torch.relu(x) => 'abc\n", (2, 22), "a string must end on the line it starts"),
     ("rule a priority:\n    torch.neg(x) => x\n", (1, 16), "expected '-' or an integer, found ':'"),
@@ -244,11 +252,11 @@ def test_syntax_error_carries_the_line_a_caret_and_the_syntax_error_attributes()
 
 def test_unclosed_bracket_is_reported_where_it_opens():
     error = syntax_error("rule a:\n    torch.relu(x => x\n\nrule b:\n    torch.neg(x) => x\n")
-    assert "is a ')' or ']' missing" in error.msg
+    assert "the '(' at line 2, column 15 is never closed" in error.msg
     error = syntax_error("rule a:\n    torch.add(x,\n")
-    assert error.msg.startswith("rules.fxr:2:14: '(' is never closed.")
+    assert error.msg.startswith("rules.fxr:2:14: '(' is never closed; add ')' where its expression ends.")
     error = syntax_error("rule a:\n    torch.add(x,\nrule b:\n")
-    assert error.msg.startswith("rules.fxr:2:14: '(' is never closed.")
+    assert error.msg.startswith("rules.fxr:2:14: '(' is never closed; add ')'")
 
 
 def test_expressions_nested_too_deeply_are_refused_without_exhausting_the_stack():
