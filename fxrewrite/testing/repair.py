@@ -26,6 +26,7 @@ True
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -37,6 +38,8 @@ from ..rule import Rule
 from .strategies import DEFAULT_DTYPES
 
 __all__ = ["Repair", "Restriction", "VALUE_BOUNDS", "repair_rule", "restrictions_for"]
+
+logger = logging.getLogger(__name__)
 
 #: Bounds tried for ``|x| <= bound``, loosest first.
 VALUE_BOUNDS: tuple[float, ...] = (1e15, 1e6, 1e3, 1.0)
@@ -309,10 +312,15 @@ def repair_rule(rule: Rule, counterexamples: Sequence[Mapping[str, Any]], *, see
             return None
         searches += 1
         candidate, domain = restricted
-        result = check_rule(candidate, max_examples=examples, seed=seed, repair=False)
-        if result.ok:
-            result = check_rule(candidate, max_examples=verify_examples, seed=verify_seed, repair=False)
+        try:
+            result = check_rule(candidate, max_examples=examples, seed=seed, repair=False)
             if result.ok:
-                return Repair(candidate, tuple(chosen), result.examples_run, domain)
+                result = check_rule(candidate, max_examples=verify_examples, seed=verify_seed, repair=False)
+                if result.ok:
+                    return Repair(candidate, tuple(chosen), result.examples_run, domain)
+        except Exception as exc:  # e.g. the narrowed domain contradicts a per-input one: no values left
+            logger.debug("repair of %s: candidate %s cannot be checked: %s", rule.name,
+                         " and ".join(r.label for r in chosen), exc)
+            continue
         known += [dict(c.inputs) for c in result.counterexamples]
     return None

@@ -146,13 +146,50 @@ def _float_elements(dtype: torch.dtype, lo: float | None, hi: float | None, spec
     if low > high:
         raise ValueError(f"min_value={lo!r} is larger than max_value={hi!r} for {dtype}; swap them.")
     simple = [0.0, 1.0, -1.0, -0.0, 0.5, 2.0, -2.0, info.eps / 2, -info.eps / 2, low, high]
-    extreme = [info.max, -info.max, info.tiny, -info.tiny, info.smallest_normal / 2 ** (info.bits // 2)]
+    subnormal = _next_float(dtype, 0.0, math.inf)  # one ulp above 0: the smallest subnormal
+    extreme = [info.max, -info.max, info.tiny, -info.tiny, subnormal, -subnormal]
     non_finite = st.sampled_from([math.inf, -math.inf, math.nan]) if special else st.nothing()
     low, high = _representable(low, width, up=True), _representable(high, width, up=False)
     moderate = st.floats(max(low, -10.0), min(high, 10.0), width=width) if low <= 10 and high >= -10 else st.nothing()
     wide = st.floats(low, high, width=width, allow_nan=False, allow_infinity=False)
     return st.one_of(_one_of_values(simple, low, high), _one_of_values(extreme, low, high), non_finite,
-                     _small_floats(info, low, high), moderate, wide)
+                     _small_floats(info, low, high), moderate, wide,
+                     _one_of_values(ulp_neighbours(dtype), low, high))
+
+
+#: Exponents ``k`` whose powers of two ``2**k`` get their one-ulp neighbours drawn (rounding,
+#: ``floor``/``log2``/``frexp`` and exponent tricks go wrong exactly there); out-of-range ones
+#: are left out per dtype.
+_POWER_EXPONENTS = (0, 1, -1, 2, 4, 8, 11, 16, 24, 31, 53, 63, 64, 100, -8, -24, -53, -100)
+
+
+@functools.lru_cache(maxsize=None)
+def ulp_neighbours(dtype: torch.dtype) -> tuple[float, ...]:
+    """Values one ulp around powers of two and around 0 for a floating ``dtype``, smallest
+    magnitude first (the order shrinking prefers): the smallest subnormal, the largest
+    subnormal, then ``2**k`` one ulp below and above, each with both signs, then one ulp below
+    the largest finite value.
+
+    >>> ulp_neighbours(torch.float32)[:2]
+    (1.401298464324817e-45, -1.401298464324817e-45)
+    >>> 0.9999999403953552 in ulp_neighbours(torch.float32) and 1.0000001192092896 in ulp_neighbours(torch.float32)
+    True
+    """
+    info = torch.finfo(dtype)
+    step = functools.partial(_next_float, dtype)
+    out = [step(0.0, math.inf), step(info.tiny, 0.0)]
+    for k in sorted(_POWER_EXPONENTS, key=abs):
+        power = 2.0 ** k
+        if info.tiny <= power <= info.max:
+            out += [step(power, 0.0), step(power, math.inf)]
+    out.append(step(info.max, 0.0))
+    finite = [v for v in out if math.isfinite(v)]
+    return tuple(_unique(v for value in finite for v in (value, -value)))
+
+
+def _next_float(dtype: torch.dtype, value: float, towards: float) -> float:
+    """The ``dtype`` value next to ``value`` in the direction of ``towards``."""
+    return float(torch.nextafter(torch.tensor(value, dtype=dtype), torch.tensor(towards, dtype=dtype)))
 
 
 def _one_of_values(values: Sequence[Any], low: float, high: float) -> SearchStrategy[Any]:
@@ -188,11 +225,12 @@ def _int_elements(dtype: torch.dtype, lo: float | None, hi: float | None) -> Sea
 
 def elements(dtype: torch.dtype, *, min_value: float | None = None, max_value: float | None = None,
              special_values: bool = True) -> SearchStrategy[Any]:
-    """Python numbers that fit ``dtype``. Floats are drawn evenly from six groups: simple values
+    """Python numbers that fit ``dtype``. Floats are drawn evenly from seven groups: simple values
     (``0``, ``±1``, ``-0.0``, ``0.5``, ``±2``, ``±eps/2`` (lost when added to 1), the bounds),
-    extremes (``±max``, ``±`` the smallest normal, a subnormal), non-finite values, small values
-    (smallest normal to ``0.1``, either sign), moderate values in ``[-10, 10]`` and any value in
-    range. Integers from four: simple values, extremes (``max``, ``min``, ``±(2**24 + 1)`` and
+    extremes (``±max``, ``±`` the smallest normal, ``±`` the smallest subnormal), non-finite
+    values, small values (smallest normal to ``0.1``, either sign), moderate values in
+    ``[-10, 10]``, any value in range, and values one ulp around powers of two and around 0
+    (:func:`ulp_neighbours`). Integers from four: simple values, extremes (``max``, ``min``, ``±(2**24 + 1)`` and
     ``±(2**53 + 1)``, which float32 and float64 cannot hold), ``[-10, 10]`` and the range.
     ``min_value`` / ``max_value`` bound the finite values; ``special_values`` adds ``nan``,
     ``inf`` and ``-inf`` (floating dtypes only).
@@ -263,11 +301,26 @@ def _value_lists(dtype: torch.dtype, size: int, lo: float | None, hi: float | No
     ``[0.0, inf]`` shrinks to ``[inf, inf]`` and then, one dimension less, to ``inf``."""
     drawn = st.lists(elements(dtype, min_value=lo, max_value=hi, special_values=special),
                      min_size=1, max_size=MAX_DISTINCT_VALUES)
+    if not dtype.is_floating_point and dtype != torch.bool:
+        drawn = st.one_of(_mask_lists(dtype, lo, hi), drawn)
     if not (special and dtype.is_floating_point):
         return drawn.map(lambda values: _cycle(values, size))
-    planted = st.tuples(drawn, st.booleans(), st.sampled_from((math.nan, math.inf, -math.inf)),
+    # one draw says whether and what to plant (a boolean and a value drawn apart let the
+    # derandomized search go 100 examples without planting nan)
+    planted = st.tuples(drawn, st.sampled_from((None, math.nan, None, math.inf, None, -math.inf)),
                         st.integers(0, MAX_DISTINCT_VALUES - 1))
-    return planted.map(lambda t: _plant(_cycle(t[0], size), t[2] if t[1] else None, t[3]))
+    return planted.map(lambda t: _plant(_cycle(t[0], size), t[1], t[2]))
+
+
+def _mask_lists(dtype: torch.dtype, lo: float | None, hi: float | None) -> SearchStrategy[list[int]]:
+    """Integer tensors whose every value is small and not negative (0 to 3): masks, counts and
+    indices, where ``x.bool()``, ``x * x == x`` or ``where(x, ...)`` tell 2 from 1."""
+    info = torch.iinfo(dtype)
+    low = max(0, info.min if lo is None else math.ceil(lo))
+    high = min(3, info.max if hi is None else math.floor(hi))
+    if low > high:
+        return st.nothing()
+    return st.lists(st.integers(low, high), min_size=1, max_size=MAX_DISTINCT_VALUES)
 
 
 def _plant(values: list[Any], special: float | None, index: int) -> list[Any]:
@@ -790,6 +843,26 @@ def _literal_strategy(plan: InputPlan, param: Param) -> SearchStrategy[Any]:
     return st.sampled_from(_DTYPE_LITERALS)
 
 
+def _index_literals(plan: InputPlan) -> list[str]:
+    """The ``int`` literal captures whose values the domain does not declare: when there are
+    several, they are often the dims of one op (``permute``, ``transpose``, ``movedim``)."""
+    return [p.name for p in plan.literals if p.annotation is int and p.name not in plan.domain.literals]
+
+
+@st.composite
+def _literal_values(draw: Any, plan: InputPlan) -> dict[str, Any]:
+    """The literal captures: each drawn on its own, or (when there are several undeclared
+    ``int`` captures) as a permutation of ``range(n)``, each index possibly counted from the
+    end: every permutation of a small rank is drawn, which independent draws hardly hit."""
+    values = {p.name: draw(_literal_strategy(plan, p)) for p in plan.literals}
+    group = _index_literals(plan)
+    if len(group) > 1 and draw(st.booleans(), label="permutation"):
+        order = draw(st.permutations(range(len(group))))
+        from_end = draw(st.lists(st.booleans(), min_size=len(group), max_size=len(group)))
+        values.update({name: i - len(group) if neg else i for name, i, neg in zip(group, order, from_end)})
+    return values
+
+
 @st.composite
 def _raw_inputs(draw: Any, plan: InputPlan) -> dict[str, Any]:
     dtype = draw(st.sampled_from(plan.dtypes))
@@ -803,7 +876,7 @@ def _raw_inputs(draw: Any, plan: InputPlan) -> dict[str, Any]:
     config = _Config(dtype, len(sides))
     base = _base_shape(plan, sides, modules)
     values = draw(_tensor_inputs(plan, config, base))
-    literals = {p.name: draw(_literal_strategy(plan, p)) for p in plan.literals}
+    literals = draw(_literal_values(plan))
     merged = {**values, **literals, **modules}
     return {p.name: merged[p.name] for p in plan.rule.compiled.params}
 
@@ -965,7 +1038,12 @@ def _probe_literals(plan: InputPlan) -> list[dict[str, Any]]:
         else:
             choices[param.name] = _PROBE_LITERALS[param.annotation]
     count = max((len(c) for c in choices.values()), default=1)
-    return [{name: c[i % len(c)] for name, c in choices.items()} for i in range(min(count, 24))]
+    probes = [{name: c[i % len(c)] for name, c in choices.items()} for i in range(min(count, 24))]
+    group = _index_literals(plan)
+    if len(group) > 1:  # dims of permute(x, a, b, c) and friends: the identity and its reverse
+        order = list(range(len(group)))
+        probes += [{**probes[0], **dict(zip(group, o))} for o in (order, order[::-1])]
+    return probes
 
 
 def _probe_tensor(dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:

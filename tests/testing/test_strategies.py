@@ -390,3 +390,113 @@ def test_domain_describe_shows_declaration_and_what_is_drawn():
     assert text.startswith("declared {'dtypes': (torch.float32,), 'special_values': False} -> dtypes float32")
     assert "(no nan or inf)" in text
     assert Domain.parse(None, where="r").describe().startswith("default -> dtypes float32, float64, int64")
+
+
+# -- the checker's reach: values real rules break on, and minimal counterexamples -----------------
+
+
+def _next(value, towards, dtype=torch.float32):
+    return float(torch.nextafter(torch.tensor(value, dtype=dtype), torch.tensor(towards, dtype=dtype)))
+
+
+def test_ulp_neighbours_lie_one_ulp_around_powers_of_two_and_zero():
+    from fxrewrite.testing.strategies import ulp_neighbours
+
+    values = ulp_neighbours(torch.float32)
+    info = torch.finfo(torch.float32)
+    smallest_subnormal = _next(0.0, 1.0)
+    assert values[:2] == (smallest_subnormal, -smallest_subnormal)
+    for expected in (_next(info.tiny, 0.0), _next(1.0, 0.0), _next(1.0, 2.0), _next(2.0**24, 0.0),
+                     _next(2.0**24, math.inf), _next(info.max, 0.0), -_next(16.0, 0.0)):
+        assert expected in values, expected
+    assert all(math.isfinite(v) and abs(v) <= info.max for v in values)
+    assert all(abs(v) <= info.max for v in ulp_neighbours(torch.float16))
+
+
+def test_float_draws_reach_subnormals_ulp_neighbours_and_negative_zero():
+    from fxrewrite.testing.strategies import ulp_neighbours
+
+    values = draws(elements(torch.float32), 400)
+    neighbours = set(ulp_neighbours(torch.float32))
+    assert len(neighbours.intersection(values)) >= 5
+    assert _next(0.0, 1.0) in values, "the smallest subnormal"
+    assert any(v == 0 and math.copysign(1, v) < 0 for v in values), "-0.0"
+
+
+def test_integer_tensors_are_often_masks_of_small_values():
+    masks = [t for t in draws(tensors(dtypes=torch.int64, shapes=(4,)), 200)
+             if bool(((t >= 0) & (t <= 3)).all())]
+    assert len(masks) >= 40
+    assert any(bool((t >= 2).any()) for t in masks), "masks hold values beyond 0 and 1"
+
+
+def _minimal(pattern, replacement, domain, **kw):
+    from fxrewrite.testing import check_rule
+
+    result = check_rule(Rule.from_functions(pattern, replacement, name="r", domain=domain, **kw), repair=False)
+    assert result.verdict == "unsound", result.message
+    return result.counterexample
+
+
+def test_a_subnormal_bug_shrinks_to_the_smallest_subnormal():
+    # reciprocal overflows to inf only for subnormals below 1/max
+    found = _minimal(lambda x: torch.isinf(torch.reciprocal(x)), lambda x: x == 0, {"dtypes": (torch.float32,)})
+    assert found["x"].shape == () and float(found["x"]) == _next(0.0, 1.0)
+
+
+def test_a_bug_one_ulp_below_a_power_of_two_shrinks_to_the_smallest_such_value():
+    from fxrewrite.testing.equivalence import evaluate
+    from fxrewrite.testing.strategies import ulp_neighbours
+
+    def pattern(x):
+        return torch.floor(torch.log2(x))
+
+    def replacement(x):
+        return (torch.frexp(x).exponent - 1).to(x.dtype)  # log2 rounds up to 2**k just below it
+
+    domain = {"dtypes": (torch.float32,), "min_value": 1.0, "max_value": 1e6, "special_values": False}
+    found = _minimal(pattern, replacement, domain)
+    rule = Rule.from_functions(pattern, replacement, name="r")
+    failing = [v for v in ulp_neighbours(torch.float32) if 1.0 <= v <= 1e6
+               and evaluate(rule, {"x": torch.tensor(v)}) is not None]
+    assert found["x"].shape == () and float(found["x"]) == failing[0] == _next(16.0, 0.0)
+
+
+def test_a_sign_of_zero_bug_shrinks_to_negative_zero():
+    found = _minimal(lambda x: 1 / torch.abs(x), lambda x: 1 / torch.where(x < 0, -x, x), {"dtypes": (torch.float32,)})
+    value = float(found["x"])
+    assert found["x"].shape == () and value == 0 and math.copysign(1, value) < 0
+
+
+def test_an_overflow_bug_shrinks_to_the_largest_finite_value():
+    found = _minimal(lambda x: torch.sqrt(x * x), lambda x: torch.abs(x), {"dtypes": (torch.float32,)})
+    assert found["x"].shape == () and float(found["x"]) == torch.finfo(torch.float32).max
+
+
+def test_a_mask_bug_shrinks_to_the_value_2():
+    for dtype in (torch.uint8, torch.int64):
+        found = _minimal(lambda x: (x != 0).to(x.dtype), lambda x: x, {"dtypes": (dtype,)})
+        assert found["x"].shape == () and int(found["x"]) == 2 and found["x"].dtype == dtype
+
+
+def _permute_twice(x, a: int, b: int, c: int):
+    return x.permute(a, b, c).permute(a, b, c)
+
+
+def _identity(x, a: int, b: int, c: int):
+    return x
+
+
+def test_every_permutation_of_a_small_rank_is_drawn():
+    import itertools
+
+    r = rule(_permute_twice, _identity)
+    seen = {tuple(v % 3 for v in (d["a"], d["b"], d["c"])) for d in draws(inputs_for(r), 150)}
+    assert set(itertools.permutations(range(3))) <= seen
+
+
+def test_a_permutation_bug_shrinks_to_a_three_cycle_on_a_small_tensor():
+    found = _minimal(_permute_twice, _identity, None)
+    order = tuple(found[k] % 3 for k in "abc")
+    assert order in ((1, 2, 0), (2, 0, 1))  # permuting twice is the identity for every other permutation
+    assert found["x"].dim() == 3 and found["x"].numel() <= 8
