@@ -243,18 +243,52 @@ def _names_read(fn: Callable[..., Any]) -> set[str] | None:
 
 
 class RuleBuilder:
-    """What ``@fxrewrite.rule`` returns: a pattern waiting for its replacement."""
+    """What ``@fxrewrite.rule`` returns: a pattern waiting for its replacement.
+
+    ``rule`` is the finished :class:`Rule` once ``@<pattern>.replacement`` decorated a function.
+    A builder left in a module (the replacement was never given, or was given another name, so
+    the finished rule is bound to that name and the pattern's name still holds the builder) is
+    explained by :meth:`unfinished_message`.
+    """
 
     def __init__(self, pattern: Callable[..., Any], options: dict[str, Any]) -> None:
         self.pattern = pattern
         self.options = options
+        self.rule: Rule | None = None
+        self._replacement: Callable[..., Any] | None = None
 
     def replacement(self, fn: Callable[..., Any]) -> Rule:
         """Decorate the replacement function; returns the finished :class:`Rule`."""
-        return Rule.from_functions(self.pattern, fn, **self.options)
+        self.rule = Rule.from_functions(self.pattern, fn, **self.options)
+        self._replacement = fn
+        return self.rule
+
+    def unfinished_message(self, bound_as: str | None = None, where: str | None = None) -> str:
+        """Why this builder is not a rule, and the fix; ``bound_as`` is the name that holds it,
+        ``where`` the file it is in (default: the pattern's file)."""
+        name = bound_as or self.pattern.__name__
+        where = where or _origin_of(self.pattern).rpartition(":")[0]
+        line = self._line_of(self.pattern)
+        if self._replacement is None:
+            return (f"{where}:{line}: '{name}' is a pattern awaiting its replacement: decorate the replacement "
+                    f"function with @{name}.replacement and give it the same name ('def {name}(...)'), so the "
+                    f"finished rule replaces the pattern under that name.")
+        replacement = getattr(self._replacement, "__name__", "the replacement")
+        return (f"{where}:{line}: '{name}' still holds the bare pattern: its replacement '{replacement}' (line "
+                f"{self._line_of(self._replacement)}) was decorated with @{name}.replacement but has a name of its "
+                f"own, so the finished rule is bound to '{replacement}' and '{name}' is left over. Give the replacement "
+                f"the pattern's name ('def {name}(...)' under '@{name}.replacement'), or pass the name to the "
+                f"decorator and delete the leftover: '@fxrewrite.rule(name=\"{name}\")' on the pattern, then "
+                f"'del {name}' after the replacement.")
+
+    @staticmethod
+    def _line_of(fn: Callable[..., Any]) -> int | str:
+        code = getattr(inspect.unwrap(fn), "__code__", None)
+        return code.co_firstlineno if code is not None else "?"
 
     def __repr__(self) -> str:
-        return f"<pattern {self.pattern.__name__} awaiting @{self.pattern.__name__}.replacement>"
+        name, state = self.pattern.__name__, "awaiting" if self._replacement is None else "finished by"
+        return f"<pattern {name} (line {self._line_of(self.pattern)}) {state} @{name}.replacement>"
 
 
 def rule(
