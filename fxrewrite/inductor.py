@@ -259,8 +259,16 @@ def _decompose(graph: fx.Graph, node: Node) -> None:
         args, kwargs = torch.utils._pytree.tree_unflatten([next(it) if isinstance(a, Node) else a for a in leaves], spec)
         return node.target(*args, **kwargs)
 
-    with detect_fake_mode(values) or contextlib.nullcontext():
-        traced = fwd_only(call, values)
+    try:
+        with detect_fake_mode(values) or contextlib.nullcontext():
+            traced = fwd_only(call, values)
+    except Exception as exc:
+        rule = node.meta.get("fxrewrite_rule", "a rule")
+        raise RewriteError(
+            f"rule '{rule}' created '{node.format_node()}', which could not be traced through Inductor's "
+            f"decompositions ({type(exc).__name__}: {exc}). Install the rule at stage='pre_grad', or write the "
+            f"replacement with ops Inductor supports."
+        ) from exc
     calls = [n for n in traced.graph.nodes if n.op == "call_function"]
     if len(calls) == 1 and calls[0].target is node.target:
         return
@@ -359,8 +367,8 @@ def fingerprint(rules: RulesLike, *, extra: Any = ()) -> str:
     """A hex SHA-256 of everything that decides what ``rules`` do to a graph.
 
     Per rule, in order: name, priority, doc, tolerance, domain, and the pattern, replacement and
-    guard functions: their source text (``inspect.getsource``; bytecode and constants when there
-    is no source, as for DSL rules, whose closures then carry the rule text), their defaults,
+    guard functions: their source text (``inspect.getsource``, when there is one) and bytecode
+    with its constants (all there is for DSL rules, whose closures then carry the rule text), their defaults,
     the values of their closure cells and of the globals they read, recursively. Then the
     fxrewrite version and the content of its own source files, and the torch version.
     Objects are hashed by value, never by ``id`` or address, so the hash is the same in another
@@ -470,7 +478,7 @@ class _Hasher:
         return self._all(values, depth)
 
     def _function(self, fn: types.FunctionType, depth: int) -> list[bytes]:
-        parts = [f"{fn.__module__}.{fn.__qualname__}".encode(), _source(fn) or self._code(fn.__code__, depth),
+        parts = [f"{fn.__module__}.{fn.__qualname__}".encode(), _source(fn) or b"", self._code(fn.__code__, depth),
                  self.of(fn.__defaults__, depth), self.of(fn.__kwdefaults__, depth)]
         for cell in fn.__closure__ or ():
             try:
