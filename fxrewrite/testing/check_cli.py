@@ -3,8 +3,9 @@
 :func:`run_check` loads the rules (the shipped library when no path is given), keeps those
 selected by ``-k EXPR`` and ``--rule NAME``, checks each one with
 :func:`~fxrewrite.testing.check_rule` (in ``jobs`` worker processes), prints one table row per
-rule in rule order as soon as the rules before it are done, then the report of every rule that
-is not sound, and a summary line. On a terminal a status line shows the progress. Exit status:
+rule as soon as it is checked (in rule order with one process; with several, as they finish,
+the likely slow rules having started first), then the reports of the rules that are not sound
+(in rule order), and a summary line. On a terminal a status line shows the progress. Exit status:
 0 when every selected rule is sound, 1 otherwise (unsound, untestable or error). Loading errors
 (:class:`~fxrewrite.errors.RuleLoadError`, ...) and a bad selection
 (:class:`~fxrewrite.errors.RuleSelectionError`) propagate; the command line turns them into
@@ -69,8 +70,8 @@ def select_rules(rules: Sequence[Rule], *, keyword: str | None = None,
     and, when ``names`` is given, named there; in their original order.
 
     >>> from fxrewrite.loader import load_rules
-    >>> [r.name for r in select_rules(load_rules(), keyword="relu_relu or (gelu and not tanh and erf_scaled)")]
-    ['relu_relu', 'gelu_erf_scaled']
+    >>> [r.name for r in select_rules(load_rules(), keyword="relu_relu or (gelu and not tanh and scaled)")]
+    ['relu_relu', 'relu_relu6', 'gelu_erf_scaled']
     """
     selected = list(rules)
     if names:
@@ -194,26 +195,26 @@ def run_check(paths: list[str], *, examples: int = DEFAULT_EXAMPLES, seed: int |
     table = _Table(rules, out)
     table.header()
     status = _Status(out, len(rules), progress)
-    results = []
-    for result in _results_in_order(rules, examples, seed, jobs, status):
+    results = {}
+    for index, result in _results(rules, examples, seed, jobs, status):
         status.clear()
         table.result(result)
-        results.append(result)
+        results[index] = result
     status.clear()
-    failures = [r for r in results if not r.ok]
+    failures = [results[i] for i in sorted(results) if not results[i].ok]
     for result in failures:
         print(f"\n{result.message}", file=out)
-    print(f"\n{_summary(results, time.perf_counter() - start)}", file=out)
+    print(f"\n{_summary(list(results.values()), time.perf_counter() - start)}", file=out)
     return 1 if failures else 0
 
 
-def _results_in_order(rules: Sequence[Rule], examples: int, seed: int | None, jobs: int,
-                      status: _Status) -> Iterator[CheckResult]:
-    """The result of each rule, in rule order, each as soon as it and the rules before it are done."""
+def _results(rules: Sequence[Rule], examples: int, seed: int | None, jobs: int,
+             status: _Status) -> Iterator[tuple[int, CheckResult]]:
+    """``(index, result)`` for each rule, as each is checked."""
     if jobs == 1 or len(rules) < 2:
         for i, rule in enumerate(rules):
             status.show(i, [rule.name])
-            yield check_rule(rule, max_examples=examples, seed=seed)
+            yield i, check_rule(rule, max_examples=examples, seed=seed)
         return
     yield from _parallel(rules, examples, seed, min(jobs, len(rules)), status)
 
@@ -259,8 +260,8 @@ def _expected_cost(rule: Rule) -> tuple[int, int, int]:
 
 
 def _parallel(rules: Sequence[Rule], examples: int, seed: int | None, jobs: int,
-              status: _Status) -> Iterator[CheckResult]:
-    """Check ``rules`` in ``jobs`` processes, the likely slow ones first; yield in rule order."""
+              status: _Status) -> Iterator[tuple[int, CheckResult]]:
+    """Check ``rules`` in ``jobs`` processes, the likely slow ones first."""
     _RULES[:] = rules
     spawned = _START_METHOD != "fork"
     files = _files_of(rules) if spawned else None
@@ -274,22 +275,20 @@ def _parallel(rules: Sequence[Rule], examples: int, seed: int | None, jobs: int,
 
 
 def _collect(pool: ProcessPoolExecutor, rules: Sequence[Rule], examples: int, seed: int | None, jobs: int,
-             status: _Status) -> Iterator[CheckResult]:
+             status: _Status) -> Iterator[tuple[int, CheckResult]]:
     order = sorted(range(len(rules)), key=lambda i: _expected_cost(rules[i]), reverse=True)
     pending: dict[Future[CheckResult], int] = {pool.submit(_check_one, i, examples, seed): i for i in order}
-    done: dict[int, CheckResult] = {}
+    done: set[int] = set()
     started = order[:jobs]  # roughly what runs: the pool hands out work in submission order
-    next_index = 0
     while pending:
         status.show(len(done), [rules[i].name for i in started if i not in done])
         finished, _ = wait(pending, return_when=FIRST_COMPLETED)
         for future in finished:
-            done[pending.pop(future)] = future.result()
+            index = pending.pop(future)
+            done.add(index)
             following = [i for i in order if i not in done and i not in started]
             started += following[:1]
-        while next_index in done:
-            yield done[next_index]
-            next_index += 1
+            yield index, future.result()
 
 
 def _files_of(rules: Sequence[Rule]) -> list[str]:

@@ -9,10 +9,13 @@ Which files are collected:
 
 * ``*.fxr`` files, wherever pytest collects (a ``.fxr`` file is data; loading it runs no code).
 * ``*.py`` rule modules only under a path named on the command line (``pytest rules/``), never
-  on a bare ``pytest`` run, and only if the file mentions ``fxrewrite``, is not a test file
-  (``python_files`` patterns, ``conftest.py``, ``__init__.py``) and its name does not start with
-  ``_`` or ``.`` (helpers, as the loader skips them). A module that defines no rule yields no
-  item. Importing a rule module runs it, so ordinary modules are never imported by surprise.
+  on a bare ``pytest`` run, and only if the file imports fxrewrite at module level (a line
+  starting ``import fxrewrite`` or ``from fxrewrite``), is not a test file (``python_files``
+  patterns, ``conftest.py``, ``__init__.py``) and its name does not start with ``_`` or ``.``
+  (helpers, as the loader skips them). A module that defines no rule yields no item. Importing a
+  rule module runs it, so ordinary modules are never imported by surprise, and the modules of a
+  package that merely mention fxrewrite (fxrewrite's own, run by ``pytest --doctest-modules
+  fxrewrite``) are left to the other collectors.
 
 Options (group "fxrewrite"): ``--fxrewrite-examples N`` (default: the Hypothesis profile's
 ``max_examples``) and ``--fxrewrite-seed S`` (default: derandomized, the same examples every
@@ -25,6 +28,7 @@ installed costs nothing.
 from __future__ import annotations
 
 import fnmatch
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +44,7 @@ OPTION_SEED = "--fxrewrite-seed"
 MARKER = "fxrewrite_rule"
 
 _SKIPPED_NAMES = ("conftest.py", "__init__.py", "setup.py")
+_IMPORTS_FXREWRITE = re.compile(r"^(?:import|from)[ \t]+fxrewrite\b", re.MULTILINE)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -86,7 +91,7 @@ def is_rule_module(path: Path, config: pytest.Config) -> bool:
     if not any(resolved == named or named in resolved.parents for named in _named_paths(config)):
         return False
     try:
-        return "fxrewrite" in path.read_text(encoding="utf-8")
+        return _IMPORTS_FXREWRITE.search(path.read_text(encoding="utf-8")) is not None
     except (OSError, UnicodeDecodeError):
         return False
 

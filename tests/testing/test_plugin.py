@@ -173,3 +173,33 @@ def test_failure_report_in_a_subprocess_matches_check_rule(pytester, rules_dir):
     result = run(pytester, "rules/algebra.fxr")
     for line in textwrap.dedent(expected).splitlines()[2:6]:
         assert line in result.stdout.str()
+
+
+PACKAGE_MODULE = '''\
+"""A package module that mentions fxrewrite and cannot be imported by path (relative import).
+
+>>> from fxrewrite import Rule
+>>> double(2)
+4
+"""
+from .helpers import double
+'''
+
+
+def test_package_modules_that_only_mention_fxrewrite_are_left_to_doctest(pytester):
+    package = pytester.mkdir("pkg")
+    (package / "__init__.py").write_text("")
+    (package / "helpers.py").write_text("def double(x):\n    return 2 * x\n")
+    (package / "core.py").write_text(PACKAGE_MODULE)
+    (package / "lazy.py").write_text("def load():\n    from fxrewrite import Rule\n    return Rule\n")
+    result = run(pytester, "--doctest-modules", "pkg", "-v")
+    result.stdout.fnmatch_lines(["*pkg/core.py::pkg.core PASSED*"])
+    result.assert_outcomes(passed=1)
+    assert "could not load" not in result.stdout.str()
+
+
+def test_a_module_importing_fxrewrite_in_an_indented_block_only_is_not_a_rule_module(pytester, rules_dir):
+    (rules_dir / "guarded.py").write_text("try:\n    import fxrewrite\nexcept ImportError:\n    pass\n"
+                                          "raise RuntimeError('must not be imported')\n")
+    result = run(pytester, "rules", "--collect-only", "-q")
+    assert "guarded.py" not in result.stdout.str() and result.ret == 0
