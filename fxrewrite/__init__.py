@@ -34,11 +34,13 @@ from .errors import (
 from .explain import Explanation, explain, find_matches
 from .loader import load_rules, parse_rules
 from .match import Match, TensorView
+from .pattern import Accept
 from .report import Report, RewriteResult, RuleStats
 from .rewrite import rewrite
 from .rule import Rule, RuleSet, rule
 
 __all__ = [
+    "Accept",
     "DidNotConverge",
     "Explanation",
     "Finding",

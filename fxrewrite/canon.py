@@ -59,6 +59,7 @@ __all__ = [
     "is_check",
     "is_commutative_call",
     "is_written",
+    "known_floating",
     "lined_up_arguments",
     "mutation",
     "op_key_of",
@@ -892,3 +893,109 @@ def _by_schema(schema: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) ->
         else:
             values.append(argument.default_value)
     return tuple(values)
+
+
+# -- floating point, known without metadata -------------------------------------------------
+
+#: Ops whose tensor result is floating point whatever their (valid) inputs.
+FLOATING_RESULTS = frozenset({
+    "softmax", "log_softmax", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sigmoid", "tanh", "sin",
+    "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erf", "erfc", "erfinv", "sqrt",
+    "rsqrt", "reciprocal", "gelu", "silu", "mish", "softplus", "elu", "selu", "celu", "mean", "std", "var",
+    "layer_norm", "batch_norm", "group_norm", "instance_norm", "rms_norm", "linear", "conv1d", "conv2d", "conv3d",
+    "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "scaled_dot_product_attention", "logsumexp",
+    "sinc", "lgamma", "digamma", "atan2", "hypot", "logit", "norm", "cumprod_float", "rand", "randn", "rand_like",
+    "randn_like", "true_divide", "native_layer_norm", "native_batch_norm", "_softmax", "_log_softmax",
+})
+
+#: Ops whose result has the (promoted) dtype of their tensor inputs.
+DTYPE_PRESERVING = frozenset({
+    "add", "sub", "mul", "neg", "abs", "relu", "relu6", "hardtanh", "leaky_relu", "hardswish", "hardsigmoid",
+    "clamp", "clamp_min", "clamp_max", "maximum", "minimum", "fmax", "fmin", "where", "cat", "stack", "sum",
+    "amax", "amin", "matmul", "bmm", "mm", "addmm", "baddbmm", "pow", "square", "flatten", "view", "reshape",
+    "transpose", "permute", "contiguous", "expand", "expand_as", "squeeze", "unsqueeze", "narrow", "select",
+    "slice", "t", "mT", "dropout", "pad", "constant_pad_nd", "roll", "flip", "repeat", "tile", "masked_fill",
+    "remainder", "floor_divide", "cumsum", "clone", "alias", "detach", "unflatten", "movedim", "diagonal",
+    "addcmul", "addcdiv", "lerp", "prod", "sign", "positive", "ravel", "swapaxes", "moveaxis", "unfold",
+    "view_as", "reshape_as", "div",
+})
+
+
+def known_floating(node: Node) -> bool | None:
+    """Whether ``node`` computes a floating-point tensor: from its metadata, or, without
+    metadata, from how the graph computes it (a floating parameter, a module with floating
+    weights, ``softmax``, anything computed from a floating value by a dtype-preserving op, a
+    conversion to a floating dtype). ``None`` when it cannot be told (a graph input).
+
+    >>> gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()))
+    >>> [(n.name, known_floating(n)) for n in gm.graph.nodes if n.op != "output"]
+    [('input_1', None), ('_0', True), ('_1', True)]
+    """
+    return _floating(node, {})
+
+
+def _floating(node: Node, seen: dict[Node, bool | None]) -> bool | None:
+    if node in seen:
+        return seen[node]
+    if len(seen) > _KIND_BUDGET:
+        return None
+    seen[node] = None
+    seen[node] = answer = _floating_uncached(node, seen)
+    return answer
+
+
+def _floating_uncached(node: Node, seen: dict[Node, bool | None]) -> bool | None:
+    val = node.meta.get("val", node.meta.get("tensor_meta"))
+    if val is not None and hasattr(val, "dtype") and hasattr(val, "shape"):
+        return bool(val.dtype.is_floating_point)
+    if node.op == "get_attr":
+        value = _attribute_value(node)
+        return bool(value.dtype.is_floating_point) if isinstance(value, torch.Tensor) else None
+    if node.op == "call_module":
+        return _module_floating(node, seen)
+    if node.op not in ("call_function", "call_method"):
+        return None
+    conversion = dtype_conversion(node.op, node.target, node.args, node.kwargs)
+    if conversion is not None:
+        dtype = conversion["dtype"]
+        return bool(dtype.is_floating_point) if isinstance(dtype, torch.dtype) else None
+    if node.target is operator.truediv:
+        return True
+    name = canonical_name(node.op, node.target)
+    if node.op == "call_function" and node.target is operator.getitem:
+        name = "select"  # an element of a tensor (tuples of results are not followed)
+    if name == "div" and node.kwargs.get("rounding_mode") is None and len(node.args) < 3:
+        return True
+    if name in FLOATING_RESULTS:
+        return True
+    if name in DTYPE_PRESERVING or node.target in _PYTHON_ARITHMETIC:
+        return _promoted_floating(node, seen)
+    return None
+
+
+def _promoted_floating(node: Node, seen: dict[Node, bool | None]) -> bool | None:
+    """Type promotion: floating as soon as one operand is; a float constant makes it so too."""
+    answers = [_floating(a, seen) for a in node.all_input_nodes]
+    if any(answers) or any(isinstance(v, float) for v in (*node.args, *node.kwargs.values())):
+        return True
+    return False if answers and all(a is False for a in answers) else None
+
+
+def _module_floating(node: Node, seen: dict[Node, bool | None]) -> bool | None:
+    module = _submodule(node)
+    if module is None:
+        return None
+    weights = list(module.parameters(recurse=False))
+    if weights and all(w.dtype.is_floating_point for w in weights):
+        return True  # Linear, Conv, norms, Embedding: the result takes the weights' dtype
+    if type(module).__module__ in ("torch.nn.modules.activation", "torch.nn.modules.dropout") and node.args:
+        first = node.args[0]
+        return _floating(first, seen) if isinstance(first, Node) else None
+    return None
+
+
+def _attribute_value(node: Node) -> Any:
+    value: Any = node.graph.owning_module
+    for part in str(node.target).split("."):
+        value = getattr(value, part, None)
+    return value

@@ -34,7 +34,8 @@ import attrs
 import torch
 from torch.fx.node import Node
 
-from .canon import is_check, is_commutative_call, lined_up_arguments, op_key_of, result_kind, same_literal
+from .canon import (is_check, is_commutative_call, known_floating, lined_up_arguments, op_key_of, result_kind,
+                    same_literal)
 from .errors import MetadataError
 from .pattern import Param, Pattern
 
@@ -109,6 +110,15 @@ class TensorView:
 
     def dim(self) -> int:
         return self.ndim
+
+    def is_floating_point(self) -> bool:
+        """From the metadata, or, on a graph without it, from how the graph computes the value
+        (a floating parameter, a module with floating weights, ``softmax``, ...; see
+        :func:`fxrewrite.canon.known_floating`). Raises :class:`MetadataError` when neither tells."""
+        known = known_floating(self.node)
+        if known is None:
+            self._meta()  # raises MetadataError, saying how to provide metadata
+        return bool(known)
 
     def size(self, dim: int | None = None) -> Any:
         return self.shape if dim is None else self.shape[dim]

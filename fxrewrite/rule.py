@@ -166,6 +166,7 @@ class Rule:
         return f"<Rule {self.name} priority={self.priority} at {self.origin}>"
 
 
+
 def describe_guard(guard: Guard) -> str:
     """``name (file:line)`` of a guard, with its source line when it can be read."""
     name = getattr(guard, "__name__", None) or repr(guard)

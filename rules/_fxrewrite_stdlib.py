@@ -10,9 +10,10 @@ Guards come in two strengths:
   ``torch.export`` graph). Used where the pattern is common and the rewrite is wrong for
   ordinary inputs (``F.linear(x, w) + b`` where ``b`` is a residual, not a bias).
 * *soft* guards check metadata when the graph has it and let the rule fire when it does not;
-  the rule then also declares the same restriction as its ``domain`` (floating-point inputs,
-  ranks >= 2, ...) for the property checker. Used where the excluded inputs are unusual in
-  practice (integer tensors through an activation function).
+  the rule then also declares the same restriction as its ``domain`` (ranks >= 2, ...) for the
+  property checker. Used where the excluded inputs are unusual in practice.
+* ``floating`` is neither: it reads the dtype from the metadata or infers it from the graph
+  (see ``TensorView.is_floating_point``) and refuses when it cannot tell.
 """
 
 from __future__ import annotations
@@ -54,10 +55,13 @@ def _named(guard: Guard, name: str) -> Guard:
 
 
 def floating(*names: str) -> Guard:
-    """Soft guard: the tensors ``names`` are floating point (or their dtype is unknown)."""
+    """The tensors ``names`` are floating point: read from the metadata, or, without it, known
+    from how the graph computes them (a module's floating weights, softmax, ...). When neither
+    tells, the guard refuses (``MetadataError``): integer tensors are not unusual enough to guess
+    (masks, indices), and these rules are wrong on them."""
 
     def guard(m: Match) -> bool:
-        return all((t := view(m, n)) is None or t.dtype.is_floating_point for n in names)
+        return all(m[n].is_floating_point() for n in names)
 
     return _named(guard, f"floating({', '.join(names)})")
 

@@ -19,12 +19,14 @@ from _fxrewrite_stdlib import FLOAT_DOMAIN, Guard, floating, literal_equals, vie
 
 
 def _same_dtype(*names: str) -> Guard:
-    """Soft guard: the tensors ``names`` have one dtype, and it is signed (or floating)."""
+    """The tensors ``names`` have one dtype, and it is signed (or floating). Without metadata:
+    all of them are known to be floating (then mixed float dtypes promote alike either way),
+    else the guard refuses (uint8 or mixed integer inputs would be wrong by 256)."""
 
     def guard(m: fxrewrite.Match) -> bool:
         views = [view(m, n) for n in names]
         if any(v is None for v in views):
-            return True
+            return all(m[n].is_floating_point() for n in names)
         return len({v.dtype for v in views}) == 1 and views[0].dtype.is_signed
 
     guard.__name__ = guard.__qualname__ = f"same_signed_dtype({', '.join(names)})"
@@ -32,11 +34,12 @@ def _same_dtype(*names: str) -> Guard:
 
 
 def _signed(name: str) -> Guard:
-    """Soft guard: ``name`` has a signed dtype (``-x`` on uint8 is ``256 - x``)."""
+    """``name`` has a signed dtype (``-x`` on uint8 is ``256 - x``); without metadata, it is
+    known to be floating, else the guard refuses."""
 
     def guard(m: fxrewrite.Match) -> bool:
         v = view(m, name)
-        return v is None or v.dtype.is_signed
+        return m[name].is_floating_point() if v is None else v.dtype.is_signed
 
     guard.__name__ = guard.__qualname__ = f"signed({name})"
     return guard

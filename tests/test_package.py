@@ -9,6 +9,7 @@ from pathlib import Path
 import fxrewrite
 
 PUBLIC = [
+    "Accept",
     "DidNotConverge",
     "Explanation",
     "Finding",

@@ -1,0 +1,359 @@
+"""No silent wrong result (issue 11): typed captures and hooks, subclasses that change meaning,
+writes through aliases, outputs that would become inputs, rewrites from other threads, example
+inputs that would touch real buffers, constants no op takes, and rules that reproduce their own
+pattern. Each test checks the numbers and lints the graph.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Annotated
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import fxrewrite
+from fxrewrite import Rule, RewriteError, explain, load_rules, rewrite
+
+FUSION = load_rules()
+
+
+def fold_conv_bn():
+    return FUSION["conv_bn_fold"]
+
+
+class ConvBn(nn.Module):
+    def __init__(self, conv: nn.Module | None = None) -> None:
+        super().__init__()
+        self.conv = conv if conv is not None else nn.Conv2d(3, 4, 3)
+        self.bn = nn.BatchNorm2d(4)
+        with torch.no_grad():
+            self.bn.running_mean.uniform_(-1, 1)
+            self.bn.running_var.uniform_(0.5, 2)
+
+    def forward(self, x):
+        return self.bn(self.conv(x))
+
+
+class ConvLeaves(torch.fx.Tracer):
+    """Keeps every convolution a call_module, subclasses defined outside torch.nn too (the
+    default tracer inlines those)."""
+
+    def is_leaf_module(self, m: nn.Module, qualified_name: str) -> bool:
+        return isinstance(m, nn.Conv2d) or super().is_leaf_module(m, qualified_name)
+
+
+def traced_with_conv_leaves(model: nn.Module) -> torch.fx.GraphModule:
+    return torch.fx.GraphModule(model, ConvLeaves().trace(model))
+
+
+def assert_equivalent(result, model, *inputs):
+    result.module.graph.lint()
+    with torch.no_grad():
+        torch.testing.assert_close(result.module(*inputs), model(*inputs), rtol=1e-4, atol=1e-5)
+
+
+X = torch.randn(2, 3, 8, 8)
+
+
+# ---- 1. hooks and parametrizations --------------------------------------------------------------------------------
+
+def _scale_output(module, args, output):
+    return output * 3
+
+
+HOOKS = {
+    "forward hook": lambda m: m.conv.register_forward_hook(_scale_output),
+    "forward pre-hook": lambda m: m.conv.register_forward_pre_hook(lambda mod, args: (args[0] * 2,)),
+    "hook on the module folded into": lambda m: m.bn.register_forward_hook(_scale_output),
+    "backward hook": lambda m: m.conv.register_full_backward_hook(lambda mod, gi, go: None),
+    "parametrization": lambda m: torch.nn.utils.parametrize.register_parametrization(m.conv, "weight", _Double()),
+    "weight_norm": lambda m: torch.nn.utils.parametrizations.weight_norm(m.conv),
+}
+
+
+class _Double(nn.Module):
+    def forward(self, w):
+        return w * 2
+
+
+@pytest.mark.parametrize("hook", sorted(HOOKS))
+def test_a_module_with_hooks_or_a_parametrization_is_never_folded_away(hook):
+    model = ConvBn().eval()
+    HOOKS[hook](model)
+    result = rewrite(model, fold_conv_bn())
+    assert result.report.applied["conv_bn_fold"] == 0
+    assert_equivalent(result, model, X)
+    text = str(explain(fold_conv_bn(), model))
+    assert "folding it would drop their effect" in text
+
+
+def test_a_global_module_hook_blocks_folding_while_it_is_registered():
+    model = ConvBn().eval()
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda m, a, o: o)
+    try:
+        assert rewrite(model, fold_conv_bn()).report.applied["conv_bn_fold"] == 0
+    finally:
+        handle.remove()
+    assert rewrite(model, fold_conv_bn()).report.applied["conv_bn_fold"] == 1
+
+
+def test_a_rule_that_accepts_hooks_says_so_in_its_annotation():
+    def pattern(x, conv: Annotated[nn.Conv2d, fxrewrite.Accept(hooks=True)]):
+        return torch.relu(conv(x))
+
+    def replacement(x, conv: Annotated[nn.Conv2d, fxrewrite.Accept(hooks=True)]):
+        return F.relu(conv(x))
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+            self.conv.register_forward_hook(_scale_output)
+
+        def forward(self, x):
+            return torch.relu(self.conv(x))
+
+    net = Net()
+    result = rewrite(net, Rule.from_functions(pattern, replacement, name="r"))
+    assert result.report.applied["r"] == 1  # the conv call (and its hook) stays: the rule keeps it
+    assert_equivalent(result, net, X)
+
+
+# ---- 2. subclasses that change meaning ---------------------------------------------------------------------------
+
+def test_a_qat_convolution_is_not_folded_as_a_plain_convolution():
+    qconfig = torch.ao.quantization.get_default_qat_qconfig("fbgemm")
+    conv = torch.ao.nn.qat.Conv2d(3, 4, 3, qconfig=qconfig)
+    model = ConvBn(conv).eval()
+    model(X)  # observers see data
+    gm = traced_with_conv_leaves(model)
+    result = rewrite(gm, fold_conv_bn())
+    assert result.report.applied["conv_bn_fold"] == 0
+    assert "overrides forward" in str(explain(fold_conv_bn(), gm))
+    assert_equivalent(result, model, X)
+
+
+class LoggingConv(nn.Conv2d):
+    """A subclass that overrides nothing: the same computation, so folding is right."""
+
+    def extra_repr(self) -> str:
+        return "logging " + super().extra_repr()
+
+
+class ScaledConv(nn.Conv2d):
+    def forward(self, x):
+        return super().forward(x) * 0.5
+
+
+def test_a_subclass_that_overrides_no_method_is_folded_and_one_that_does_is_not():
+    plain = ConvBn(LoggingConv(3, 4, 3)).eval()
+    folded = rewrite(traced_with_conv_leaves(plain), fold_conv_bn())
+    assert folded.report.applied["conv_bn_fold"] == 1
+    assert_equivalent(folded, plain, X)
+    scaled = ConvBn(ScaledConv(3, 4, 3)).eval()
+    result = rewrite(traced_with_conv_leaves(scaled), fold_conv_bn())
+    assert result.report.applied["conv_bn_fold"] == 0
+    assert_equivalent(result, scaled, X)
+
+
+def test_a_rule_that_accepts_subclasses_says_so_in_its_annotation():
+    def pattern(x, conv: Annotated[nn.Conv2d, fxrewrite.Accept(subclasses=True)]):
+        return torch.neg(torch.neg(conv(x)))
+
+    def replacement(x, conv: Annotated[nn.Conv2d, fxrewrite.Accept(subclasses=True)]):
+        return conv(x)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = ScaledConv(3, 4, 3)
+
+        def forward(self, x):
+            return torch.neg(torch.neg(self.conv(x)))
+
+    net = Net()
+    result = rewrite(traced_with_conv_leaves(net), Rule.from_functions(pattern, replacement, name="r"))
+    assert result.report.applied["r"] == 1
+    assert_equivalent(result, net, X)
+
+
+# ---- 3. writes through aliases ------------------------------------------------------------------------------------
+
+NEG_NEG = Rule.from_functions(lambda x: torch.neg(torch.neg(x)), lambda x: x, name="neg_neg")
+
+ALIASES = {
+    "contiguous": lambda t: t.contiguous(),
+    "float": lambda t: t.float(),
+    "to same dtype": lambda t: t.to(torch.float32),
+    "swapaxes": lambda t: t.swapaxes(0, 1),
+    "moveaxis": lambda t: torch.moveaxis(t, 0, 1),
+    "ravel": lambda t: t.ravel(),
+    "unfold": lambda t: t.unfold(0, 2, 1),
+    "positive": lambda t: torch.positive(t),
+    "real": lambda t: t.real,
+}
+
+
+@pytest.mark.parametrize("alias", sorted(ALIASES))
+def test_a_later_write_through_an_alias_blocks_a_rewrite_to_the_input_itself(alias):
+    make_alias = ALIASES[alias]
+
+    def fn(x):
+        y = torch.neg(torch.neg(x))  # a new tensor: the later write must not change it
+        make_alias(x).mul_(2)
+        return y + 0
+
+    result = rewrite(fn, NEG_NEG)
+    assert result.report.applied["neg_neg"] == 0
+    result.module.graph.lint()
+    a, b = torch.randn(4, 4), None
+    b = a.clone()
+    torch.testing.assert_close(result.module(a), fn(b))
+
+
+# ---- 5. outputs keep their aliasing contract -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fn", [lambda a: torch.neg(torch.neg(a)), lambda a: torch.cat([torch.neg(torch.neg(a))])])
+def test_an_output_that_was_a_new_tensor_is_never_the_input_itself(fn):
+    result = rewrite(fn, NEG_NEG)
+    result.module.graph.lint()
+    x = torch.randn(3)
+    out = result.module(x)
+    assert out.data_ptr() != x.data_ptr()
+    out.add_(1)  # the caller writes into the result ...
+    torch.testing.assert_close(out - 1, fn(x))  # ... and its input is untouched
+
+
+def test_an_output_that_was_the_input_stays_the_input():
+    result = rewrite(lambda a: (torch.neg(torch.neg(a)), a), NEG_NEG)
+    x = torch.randn(3)
+    fresh, same = result.module(x)
+    assert same is x and fresh.data_ptr() != x.data_ptr()
+
+
+# ---- 7. example inputs never change real tensors ----------------------------------------------------------------------
+
+class Counting(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(1))
+        self.bn = nn.BatchNorm1d(3)
+
+    def forward(self, x):
+        self.calls.add_(1)
+        return torch.neg(torch.neg(self.bn(x))) + self.calls
+
+
+def test_propagating_example_inputs_leaves_the_callers_buffers_alone():
+    model = Counting().train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    result = rewrite(model, NEG_NEG, example_inputs=(torch.randn(4, 3),))
+    assert result.report.applied["neg_neg"] == 1
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]), name
+    assert "add_" in result.code  # the buffer update is part of the program, not run while tracing
+
+
+# ---- 8. threads -------------------------------------------------------------------------------------------------------
+
+class WithLinear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(torch.neg(torch.neg(x)))
+
+
+def test_concurrent_rewrites_and_forwards_in_other_threads_stay_correct():
+    errors: list[BaseException] = []
+    stop = threading.Event()
+    bystander = WithLinear()
+    x = torch.randn(2, 4)
+    expected = bystander(x)
+
+    def rewriting():
+        try:
+            for _ in range(10):
+                model = WithLinear()
+                result = rewrite(model, NEG_NEG)
+                result.module.graph.lint()
+                torch.testing.assert_close(result.module(x), model(x))
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    def forwarding():
+        try:
+            while not stop.is_set():
+                torch.testing.assert_close(bystander(x), expected)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    workers = [threading.Thread(target=rewriting) for _ in range(4)]
+    watcher = threading.Thread(target=forwarding)
+    watcher.start()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    stop.set()
+    watcher.join()
+    assert not errors, errors[:2]
+    assert nn.Module.__call__ is nn.Module._wrapped_call_impl  # nothing left behind
+
+
+# ---- 10. constants no op can take -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_a_replacement_computing_a_gigantic_int_is_refused_and_nothing_changes(inplace):
+    import math
+
+    rule = Rule.from_functions(lambda x: torch.neg(torch.neg(x)), lambda x: x * math.factorial(2000), name="huge")
+    gm = torch.fx.symbolic_trace(lambda a: torch.neg(torch.neg(a)) + 1)
+    code = gm.code
+    with pytest.raises(RewriteError, match="beyond int64"):
+        rewrite(gm, rule, inplace=inplace)
+    gm.graph.lint()
+    assert gm.code == code
+    torch.testing.assert_close(gm(torch.ones(2)), torch.full((2,), 2.0))
+
+
+# ---- issue 14's example: a product of sizes is not a tensor ---------------------------------------------------------------
+
+def test_a_tensor_rule_never_binds_a_product_of_sizes():
+    rule = Rule.from_functions(lambda x, y: x * y, lambda x, y: torch.addcmul(torch.zeros_like(x), x, y), name="mul")
+
+    def fn(a):
+        return a.reshape(a.size(0) * a.size(1))
+
+    result = rewrite(fn, rule)
+    assert result.report.applied["mul"] == 0
+    result.module.graph.lint()
+    a = torch.randn(2, 3)
+    torch.testing.assert_close(result.module(a), fn(a))
+
+
+# ---- issue 13's run-time part: a rule that reproduces its own pattern ---------------------------------------------------
+
+def test_a_rule_that_rewrites_a_spelling_into_itself_fires_once_per_place_and_settles():
+    rule = Rule.from_functions(lambda x: F.relu(x, inplace=False), lambda x: torch.relu(x), name="spelling")
+    swap = Rule.from_functions(lambda x, y: x + y, lambda x, y: y + x, name="swap")
+
+    def fn(a, b):
+        return F.relu(a) + torch.relu(b)
+
+    result = rewrite(fn, [rule, swap])
+    assert result.report.applied == {"spelling": 2, "swap": 1}
+    result.module.graph.lint()
+    a, b = torch.randn(3), torch.randn(3)
+    torch.testing.assert_close(result.module(a, b), fn(a, b))
+
+
+def test_rules_that_undo_each_other_still_do_not_converge():
+    double = Rule.from_functions(lambda x: x * 2, lambda x: x + x, name="double")
+    halve = Rule.from_functions(lambda x: x + x, lambda x: x * 2, name="halve")
+    with pytest.raises(fxrewrite.DidNotConverge, match="double|halve"):
+        rewrite(lambda t: t * 2, [double, halve])
