@@ -196,7 +196,12 @@ def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
     from .testing.check_cli import default_jobs, run_check
 
     jobs = args.jobs if args.jobs is not None else default_jobs()
-    return run_check(args.paths, examples=args.examples, seed=args.seed, out=out, jobs=jobs,
+    paths = args.paths
+    if args.add_rules:  # the given paths (default: the standard library) and the added ones
+        from .loader import standard_rules_dir
+
+        paths = [*(paths or [str(standard_rules_dir())]), *args.add_rules]
+    return run_check(paths, examples=args.examples, seed=args.seed, out=out, jobs=jobs,
                      keyword=args.keyword, names=args.rule)
 
 
@@ -260,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("-k", dest="keyword", metavar="EXPR",
                        help="only rules whose name or file name matches EXPR, as pytest -k (e.g. 'relu and not gelu')")
     check.add_argument("--rule", action="append", metavar="NAME", help="only this rule (repeatable)")
+    _add_rules_option(check)
     check.set_defaults(run=cmd_check)
 
     listing = sub.add_parser("list", help="list rules with their origin, priority and doc")
