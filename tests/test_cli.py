@@ -256,6 +256,18 @@ def test_explain_after_others_sees_the_graph_apply_leaves(project):
     assert "match at 'relu_1'" in after and "match at 'relu_3'" in after
 
 
+def test_check_add_rules_checks_the_standard_library_and_the_added_rules(project):
+    (project / "mine.fxr").write_text("rule abs_twice:\n    torch.abs(torch.abs(x)) => torch.abs(x)\n")
+    code, out, _ = run("check", "--add-rules", "mine.fxr", "--rule", "abs_twice", "--rule", "double_neg",
+                       "--examples", "5", "-j", "1")
+    assert code == 0, out
+    assert "abs_twice" in out and "double_neg" in out and "2 rule(s) checked" in out
+    (project / "neg_only.fxr").write_text(NEG_NEG.split("\n\n")[0])
+    code, out, _ = run("check", "neg_only.fxr", "--add-rules", "mine.fxr", "--examples", "5", "-j", "1")
+    assert code == 0, out
+    assert "neg_neg" in out and "abs_twice" in out and "2 rule(s) checked" in out
+
+
 def test_explain_says_when_guards_refuse_for_lack_of_shapes(project):
     code, out, err = run("explain", "net.py:model", "--rules", "wide.py")
     assert (code, err) == (0, "")
