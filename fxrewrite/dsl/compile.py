@@ -194,7 +194,7 @@ class _RuleContext:
                 raise self.error(c.span, f"'{c.name}' is a let name; a capture declares the type of a variable "
                                          f"of the pattern.")
             if c.name in types_:
-                raise self.error(c.span, f"the type of '{c.name}' is declared twice.")
+                raise self.error(c.span, f"the type of '{c.name}' is declared twice; declare it once.")
             types_[c.name] = self._capture_type(c)
         return types_
 
@@ -453,7 +453,8 @@ def _function(name: str, params: Sequence[str], body: Closure, annotations: Mapp
     list, and every parameter is checked to be a plain identifier first."""
     for p in params:
         if not p.isidentifier() or keyword.iskeyword(p) or p in _TEMPLATE_NAMES:
-            raise RuleDefinitionError(f"{origin}: '{p}' cannot be a parameter name.")
+            raise RuleDefinitionError(f"{origin}: '{p}' cannot be a parameter name; rename the variable "
+                                      f"to a plain identifier.")
 
     def evaluate(*values: Any) -> Any:
         return body(_Frame(dict(zip(params, values))))
@@ -634,7 +635,7 @@ class _Compiler:
             return self._path(path)
         if isinstance(node.value, ast.Literal):
             raise self.ctx.error(node.attr_span, f"attributes of a literal ({node.value.value!r}.{node.attr}) "
-                                                 f"cannot be read in rule files.")
+                                                 f"cannot be read in rule files; write the value it stands for.")
         self._check_receiver(node)
         receiver, attr = self.compile(node.value, visible), node.attr
         return lambda frame: getattr(receiver(frame), attr)
@@ -720,7 +721,8 @@ class _Compiler:
                                                 f"line, or be a module capture declared like "
                                                 f"'where {func.id}: nn.Linear'.")
         if isinstance(func, ast.Literal):
-            raise self.ctx.error(func.span, f"{func.value!r} is not a function.")
+            raise self.ctx.error(func.span, f"{func.value!r} is not a function; is an operator missing before "
+                                            f"the '('?")
 
 
     # -- operators ---------------------------------------------------------------------------
@@ -861,14 +863,16 @@ def _constant_problem(op: str, a: Any, b: Any) -> str | None:
     if isinstance(a, int) and isinstance(b, int):
         bits = a.bit_length() * b if op == "**" and b > 0 else a.bit_length() + b.bit_length()
         if op in ("**", "*") and bits > _MAX_CONSTANT_BITS:
-            return f"the constant {op!r} would have about {bits} bits; at most {_MAX_CONSTANT_BITS} are allowed."
+            return (f"the constant {op!r} would have about {bits} bits; at most {_MAX_CONSTANT_BITS} are allowed: "
+                    f"write a smaller constant.")
     if op == "*" and isinstance(a, sequences) != isinstance(b, sequences):
         seq, n = (a, b) if isinstance(a, sequences) else (b, a)
         if isinstance(n, int) and len(seq) * n > _MAX_CONSTANT_LENGTH:
-            return f"repeating a sequence {n} times is not allowed in rule files."
+            return (f"repeating a sequence {n} times would make more than {_MAX_CONSTANT_LENGTH} elements, which "
+                    f"rule files do not allow; write a shorter sequence.")
     if op == "+" and isinstance(a, sequences) and isinstance(b, sequences):
         if len(a) + len(b) > _MAX_CONSTANT_LENGTH:
-            return f"the constant would be longer than {_MAX_CONSTANT_LENGTH}."
+            return f"the constant would be longer than {_MAX_CONSTANT_LENGTH}; write a shorter one."
     if op == "%" and isinstance(a, (str, bytes)):
-        return "'%' formatting of strings is not allowed in rule files."
+        return "'%' formatting of strings is not allowed in rule files; write the string itself."
     return None
