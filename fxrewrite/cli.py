@@ -211,8 +211,9 @@ def cmd_lint(args: argparse.Namespace, out: TextIO) -> int:
 
     rules = _load_rules(args.paths)
     findings = analyze(rules)
+    here = str(Path.cwd()) + "/"
     for finding in findings:
-        print(f"{finding}\n", file=out)
+        print(f"{str(finding).replace(here, '')}\n", file=out)  # origins below the current directory: relative
     counts = {s: sum(f.severity == s for f in findings) for s in ("error", "warning", "note")}
     print(f"{len(rules)} rule(s): {counts['error']} error(s), {counts['warning']} warning(s), "
           f"{counts['note']} note(s)", file=out)
