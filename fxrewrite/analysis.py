@@ -513,8 +513,8 @@ def _self_loop_finding(start: _Start, certain: bool) -> Finding:
     after_gm = _rewritten(start)
     after = _expression(after_gm.graph) if after_gm is not None else "?"
     noop = after_gm is not None and canonical_form(after_gm.graph, after_gm) == canonical_form(start.gm.graph, start.gm)
-    what = ("its replacement is the same computation as its pattern (the matcher treats both spellings as one "
-            "op, and operands of commutative ops in either order), so the rule changes nothing and matches again"
+    what = ("its replacement computes what its pattern computes (the same ops once spellings, default arguments "
+            "and the order of commutative operands are normalised), so the rule changes nothing and matches again"
             if noop else "its pattern matches its own replacement, so it fires again on every result")
     may = "" if certain else " unless its guard refuses the rewritten graph (the analysis could not decide it)"
     message = (f"rule {_origin(rule)} rewrites {before} into {after}: {what}{may}. A rewrite with it does not "

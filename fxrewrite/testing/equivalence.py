@@ -517,12 +517,18 @@ def unsound_report(context: _Context, found: Sequence[Counterexample], examples:
 
 
 def repair_report(fixed: Repair | None) -> str:
-    """The report's last lines: the repaired rule as code to paste, or that none was found."""
+    """The report's ``repair:`` lines: the restricted rule as code to paste (and as a ``.fxr``
+    ``where`` line when guards alone restrict it), or that none was found."""
     if fixed is None:
         return ("  repair:      none found: no restriction of dtypes, shapes, rank, layout or values tried makes "
                 "the rule sound; fix the replacement.")
-    how = ("enforced at rewrite time by a guard on the graph's metadata" if fixed.enforced else
-           "declared as a domain, which only the checker sees: make sure other inputs cannot occur")
+    if fixed.enforced:
+        how = "enforced at rewrite time by a guard on the graph's metadata"
+    elif any(r.guard is not None for r in fixed.restrictions):
+        how = ("the guard is enforced at rewrite time, the domain only the checker sees: make sure other "
+               "inputs cannot occur")
+    else:
+        how = "declared as a domain, which only the checker sees: make sure other inputs cannot occur"
     lines = [f"  repair:      restricted to {fixed.label}, the checker finds no counterexample in "
              f"{fixed.examples} examples ({how}):",
              *(f"                 {line}" for line in fixed.code().splitlines())]
