@@ -10,7 +10,7 @@ change and puts it back when the block ends, whatever happened inside:
 >>> import torch
 >>> with torch_state_preserved() as changes:
 ...     torch.set_default_dtype(torch.float64)
-...     torch.set_grad_enabled(False)
+...     _ = torch.set_grad_enabled(False)
 >>> torch.get_default_dtype(), torch.is_grad_enabled()
 (torch.float32, True)
 >>> changes.restored
@@ -21,9 +21,16 @@ pushes a ``DeviceContext`` mode; ``with torch.device(...)`` entered and never le
 global default-device slot; default dtype; grad mode; inference mode; anomaly mode; print
 options; deterministic algorithms (mode, warn-only, debug mode); the number of intra-op
 threads; float32 matmul precision; ``warn_always``; CPU autocast (enabled, dtype); autograd
-multithreading; the CPU random number generator; the global ``nn.Module`` hook dictionaries of
+multithreading; the random seed (a reseed is undone, with the generator's state; numbers
+merely drawn are not rewound); the global ``nn.Module`` hook dictionaries of
 ``torch.nn.modules.module`` (forward, forward-pre, backward, backward-pre, and
 module/parameter/buffer registration hooks), restored in place so hook handles stay valid.
+
+Process-wide state (hooks, dtype, threads, print options, seed, ...) is put back as it was when
+the block began, so a change another thread makes to it *during* the block is undone as well:
+keep blocks short (tracing one pattern takes milliseconds). Thread-local state (grad,
+inference and autocast modes, the torch-function mode stack, the default device) is only ever
+this thread's.
 
 Not preserved (torch offers no way to read it back): ``torch.set_flush_denormal`` and the
 number of inter-op threads (settable once per process). The DSL refuses those calls at load
@@ -137,7 +144,8 @@ def _set_anomaly(state: tuple[bool, bool]) -> None:
 
 
 def _hook_dict_names() -> tuple[str, ...]:
-    return tuple(sorted(n for n, v in vars(_module_globals).items() if n.startswith("_global_") and isinstance(v, dict)))
+    names = (n for n, v in vars(_module_globals).items() if n.startswith("_global_") and isinstance(v, dict))
+    return tuple(sorted(names))
 
 
 def _hook_item(name: str) -> _Item:
@@ -160,6 +168,18 @@ def _global_value_item(name: str) -> _Item:
     """A global of ``torch.nn.modules.module`` that is a plain value (``_global_is_full_backward_hook``)."""
     return _Item(f"nn.Module global hooks ({name})", lambda: getattr(_module_globals, name),
                  lambda value: setattr(_module_globals, name, value), same=lambda a, b: a is b or a == b)
+
+
+def _seed_and_state() -> tuple[int, torch.Tensor]:
+    return torch.initial_seed(), torch.get_rng_state()
+
+
+def _reseed(saved: tuple[int, torch.Tensor]) -> None:
+    """Undo a reseed (``manual_seed``, ``seed``): the seed and the generator's state as they were.
+    Only a changed seed counts as a change: random numbers drawn meanwhile (perhaps by another
+    thread) advance the generator without reseeding it, and are not rewound."""
+    torch.manual_seed(saved[0])
+    torch.set_rng_state(saved[1])
 
 
 def _same_modes(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
@@ -194,7 +214,7 @@ def _items() -> tuple[_Item, ...]:
         _Item("warn_always", torch.is_warn_always_enabled, torch.set_warn_always),
         _Item("CPU autocast", _autocast_cpu, _set_autocast_cpu),
         _Item("autograd multithreading", torch._C._is_multithreading_enabled, torch._C._set_multithreading_enabled),
-        _Item("CPU random number generator", torch.get_rng_state, torch.set_rng_state, same=torch.equal),
+        _Item("random seed", _seed_and_state, _reseed, same=lambda a, b: a[0] == b[0]),
         *(_hook_item(name) for name in _hook_dict_names()),
         _global_value_item("_global_is_full_backward_hook"),
     )

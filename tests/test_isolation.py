@@ -37,7 +37,9 @@ CHANGES = [
     ("warn always", lambda: torch.set_warn_always(not torch.is_warn_always_enabled()), torch.is_warn_always_enabled),
     ("cpu autocast", lambda: (torch.set_autocast_enabled("cpu", True), torch.set_autocast_dtype("cpu", torch.float16)),
      lambda: (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))),
-    ("random generator", lambda: torch.manual_seed(1234), lambda: torch.get_rng_state().sum().item()),
+    ("random seed", lambda: torch.manual_seed(1234),
+     lambda: (torch.initial_seed(), torch.get_rng_state().sum().item())),
+    ("random seed by seed()", torch.seed, torch.initial_seed),
     ("global forward hook", lambda: module_globals.register_module_forward_hook(_hook),
      lambda: dict(module_globals._global_forward_hooks)),
     ("global forward pre-hook", lambda: module_globals.register_module_forward_pre_hook(lambda m, a: None),
@@ -58,6 +60,16 @@ def test_a_change_made_inside_is_undone(what, change, read):
         assert read() != before, f"{what}: the change did not change anything; the test would prove nothing"
     assert read() == before
     assert changes.restored and not changes.failed
+
+
+def test_random_numbers_drawn_inside_are_not_rewound():
+    """Another thread may draw random numbers meanwhile: only a reseed is undone."""
+    before = torch.get_rng_state()
+    with torch_state_preserved() as changes:
+        drawn = torch.rand(4)
+    assert not torch.equal(torch.get_rng_state(), before) and changes.restored == ()
+    torch.set_rng_state(before)
+    torch.testing.assert_close(torch.rand(4), drawn)
 
 
 def test_a_block_that_changes_nothing_restores_nothing():

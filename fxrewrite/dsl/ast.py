@@ -269,7 +269,8 @@ def walk(node: Expr) -> Iterator[Expr]:
     evaluation order; iterative, so a deep tree cannot exhaust the stack.
 
     >>> s = Span(1, 1, 1, 2)
-    >>> tree = BinOp(op="+", left=Name(id="a", span=s), right=UnaryOp(op="-", operand=Name(id="b", span=s), span=s), span=s)
+    >>> minus_b = UnaryOp(op="-", operand=Name(id="b", span=s), span=s)
+    >>> tree = BinOp(op="+", left=Name(id="a", span=s), right=minus_b, span=s)
     >>> [type(n).__name__ for n in walk(tree)]
     ['BinOp', 'Name', 'UnaryOp', 'Name']
     """

@@ -612,7 +612,8 @@ class _Compiler:
             self.variables.setdefault(name)
         elif name not in (self.params or ()):
             raise self.ctx.error(node.span, f"the {self._side_name()} uses '{name}', which the pattern does not "
-                                            f"bind (the pattern's variables: {', '.join(self.params or ()) or 'none'}).")
+                                            f"bind (the pattern's variables: "
+                                            f"{', '.join(self.params or ()) or 'none'}).")
         else:
             self.variables.setdefault(name)
         return lambda frame: frame.values[name]
@@ -679,7 +680,8 @@ class _Compiler:
             return  # not a variable at all: compiling the name says so
         if kind == "tensor" and self.side == "where" and attr not in GUARD_TENSOR_ATTRIBUTES:
             raise self.ctx.error(node.attr_span, f"a where condition sees tensor '{name}' through its shape, dtype "
-                                                 f"and device: use one of {', '.join(sorted(GUARD_TENSOR_ATTRIBUTES))}, "
+                                                 f"and device: use one of "
+                                                 f"{', '.join(sorted(GUARD_TENSOR_ATTRIBUTES))}, "
                                                  f"not '{attr}'.")
         if kind == "tensor" and self.side != "where" and not hasattr(torch.Tensor, attr):
             raise self.ctx.error(node.attr_span, f"'{name}' is a tensor variable and torch.Tensor has no attribute "

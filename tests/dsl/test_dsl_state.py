@@ -131,7 +131,8 @@ def test_the_error_says_why_for_each_kind_of_state():
 
 def test_functions_a_rule_needs_stay_reachable():
     (rule,) = parse_rules("rule r:\n    torch.neg(x) => torch.zeros_like(x) - x\n"
-                          "    where x.dtype == torch.get_default_dtype() and torch.is_grad_enabled() in (True, False)\n")
+                          "    where x.dtype == torch.get_default_dtype()\n"
+                          "    where torch.is_grad_enabled() in (True, False)\n")
     assert rule.name == "r"
 
 
