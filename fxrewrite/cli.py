@@ -103,7 +103,7 @@ def _print_report(report: Report, out: TextIO, *, all_rows: bool) -> None:
 
 
 def cmd_apply(args: argparse.Namespace, out: TextIO) -> int:
-    from .codegen import annotated_code, code_diff, pickled_submodules, write_module
+    from .codegen import annotated_code, code_diff
     from .rewrite import rewrite
     from .target import load_target, traced_or_exported
 
@@ -119,15 +119,21 @@ def cmd_apply(args: argparse.Namespace, out: TextIO) -> int:
     if args.show_code:
         print(annotated_code(result.module), file=out)
     if args.output:
-        folder = write_module(result.module, args.output)
-        print(f"wrote the rewritten module to {folder}/ (import it with: from {folder.name} import "
-              f"RewrittenModule)", file=out)
-        if pickled := pickled_submodules(folder):
-            print(f"pickled whole (not torch.nn classes; importing the folder needs their classes importable): "
-                  f"{', '.join(pickled)}", file=out)
+        _save(result.module, args.output, out)
     if args.check and not _check(target, result.module, out):
         return 1
     return 0
+
+
+def _save(module: torch.fx.GraphModule, output: str, out: TextIO) -> None:
+    from .codegen import pickled_submodules, write_module
+
+    folder = write_module(module, output)
+    print(f"wrote the rewritten module to {folder}/ (import it with: from {folder.name} import RewrittenModule)",
+          file=out)
+    if pickled := pickled_submodules(folder):
+        print(f"pickled whole (not torch.nn classes; importing the folder needs their classes importable): "
+              f"{', '.join(pickled)}", file=out)
 
 
 def cmd_list(args: argparse.Namespace, out: TextIO) -> int:
@@ -237,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     apply.add_argument("--export", action="store_true", help="capture the model with torch.export instead of tracing")
     apply.add_argument("--shapes", action="store_true",
                        help="propagate shapes from example_inputs() so guards can read them")
-    apply.add_argument("--max-rewrites", type=int, default=None, metavar="N",
+    apply.add_argument("--max-rewrites", type=_count, default=None, metavar="N",
                        help="rewrite budget before giving up with DidNotConverge (default: 8 per graph node + 64)")
     apply.add_argument("--all", action="store_true",
                        help="show every rule in the report (default: those that fired or were refused by a guard)")
@@ -249,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="rule file or directory (repeatable; default: the shipped standard library)")
     _add_rules_option(explain)
     explain.add_argument("--rule", action="append", metavar="NAME", help="explain only this rule (repeatable)")
-    explain.add_argument("--misses", type=int, default=3, help="closest misses to show per rule (default 3)")
+    explain.add_argument("--misses", type=_count, default=3, help="closest misses to show per rule (default 3)")
     explain.add_argument("--shapes", action="store_true",
                          help="propagate shapes from example_inputs() so guards can read them")
     explain.add_argument("--export", action="store_true", help="capture the model with torch.export")
@@ -278,6 +284,17 @@ def build_parser() -> argparse.ArgumentParser:
     lint.add_argument("paths", nargs="*", metavar="PATH", help="rule files or directories (default: shipped)")
     lint.set_defaults(run=cmd_lint)
     return parser
+
+
+def _count(text: str) -> int:
+    """An argument that counts something: an integer, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number, 0 or more, got {text!r}")
+    return value
 
 
 def _add_rules_option(command: argparse.ArgumentParser) -> None:

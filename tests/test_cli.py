@@ -228,6 +228,16 @@ def test_max_rewrites_bounds_the_rewrites_and_the_error_says_how_to_raise_it(pro
     assert code == 0 and rows(out)["relu_relu"][0] == "2"
 
 
+@pytest.mark.parametrize("argv", [["apply", "net.py:model", "--max-rewrites", "-1"],
+                                  ["apply", "net.py:model", "--max-rewrites", "many"],
+                                  ["explain", "net.py:model", "--misses", "-2"]])
+def test_counts_must_be_whole_numbers(project, capsys, argv):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert f"expected a whole number, 0 or more, got {argv[-1]!r}" in capsys.readouterr().err
+
+
 def test_check_failure_shows_the_inputs_and_both_outputs(project):
     (project / "wrong.fxr").write_text("rule neg_neg_wrong:\n    torch.neg(torch.neg(x)) => torch.neg(x)\n")
     code, out, _ = run("apply", "net.py:model", "--rules", "wrong.fxr", "--check")
