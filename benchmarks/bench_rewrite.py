@@ -1,46 +1,42 @@
-"""Benchmark ``fxrewrite.rewrite`` against ``torch.fx.replace_pattern`` and the floors.
+"""Benchmark ``fxrewrite.rewrite`` against ``gm.recompile()``, ``torch.fx.replace_pattern`` and
+the targets of issue 12 ("Performance at the floor").
 
 Usage::
 
-    python benchmarks/bench_rewrite.py                      # sizes 1000,4000,16000,64000, 3 repeats
-    python benchmarks/bench_rewrite.py --quick              # sizes 1000,4000, 1 repeat (< 1 minute)
-    python benchmarks/bench_rewrite.py --sizes 2000,8000 --repeat 5 --shapes chain --rules 10
-    python benchmarks/bench_rewrite.py --sizes 64000 --shapes chain --densities 0.1 --rules 10 --profile
+    python benchmarks/bench_rewrite.py                  # every workload, 4k/8k/64k nodes, median of 3
+    python benchmarks/bench_rewrite.py --quick          # small sizes, one run each (a smoke test, ~15 s)
+    python benchmarks/bench_rewrite.py --workloads create3 --sizes 8000 --profile
+    python benchmarks/bench_rewrite.py --check-library  # also time `fxrewrite check -j 2` on the shipped rules
 
-Synthetic graphs are built directly with ``torch.fx.Graph`` (no tracing of huge functions):
+Synthetic graphs are built node by node with ``torch.fx.Graph`` from a fixed-seed RNG (the same
+graph every run): a ``chain`` (each op reads the previous value) or a ``dag`` (each op reads 1-2 of
+the last 8 values). Filler ops are ``relu, sigmoid, tanh, sin, add, mul``; *blocks* matched by
+the rules are planted among them (never two blocks back to back). The *density* is the fraction
+of the graph's nodes inside planted blocks. Workloads:
 
-* ``chain``: every op consumes the previous value (binary ops take a float constant as the
-  second operand);
-* ``dag``: every op consumes 1-2 values chosen with a fixed-seed RNG among the last 8 values;
-  a value about to leave that window unused is consumed by the next op, and the values still
-  unused at the end are returned, so the graph has no dead code.
+* ``create1``, ``create3``, ``create10``: R rules ``a_i(b_i(x)) => k new nodes`` (``a_i, b_i``
+  distinct ops absent from the filler; the replacement is a chain of ``k`` scale/shift/clamp
+  ops); each planted block is a random rule's pattern. The rewritten module must compute what
+  the graph with each block replaced by hand computes.
+* ``delete``: the original benchmark, ``neg(neg(x)) => x`` plus identities that are tried and
+  rarely fire (R of them); the output must not change.
+* ``modules``: ``bn_j(conv_j(x))`` pairs of 1x1 ``Conv2d``/``BatchNorm2d`` submodules (eval mode),
+  rewritten by the shipped ``rules/fusion.py`` (``conv_bn_fold`` creates one folded ``Conv2d``
+  per match: module captures); the output must not change (up to rounding).
+* ``attention``: ``k = x * 0.5; v = x + 0.25; softmax(x @ k.transpose(-2, -1) * 0.35, -1) @ v``
+  blocks (7 nodes, 5 matched) rewritten to ``scaled_dot_product_attention`` by the shipped
+  ``rules/attention.py`` (11 rules); torch.fx gets the one pattern that matches.
 
-The op mix is ``relu, sigmoid, tanh, sin, add, mul``; ``torch.neg`` appears only in planted
-``neg(neg(v))`` pairs (never back to back, never fed by another ``neg``), so the first rule,
-``neg(neg(x)) => x``, fires exactly once per planted pair. The *density* is the fraction of the
-graph's nodes that belong to a planted pair.
+Each row times, in one process, the median of ``--repeat`` runs of: copying ``rewrite(gm, rules)``,
+``rewrite(gm, rules, inplace=True)`` on a fresh module, ``torch.fx.replace_pattern`` rule by rule
+(when it fits in ``--fx-limit`` seconds), and the floors (one ``recompile()``, one pass over
+``graph.nodes``), interleaved. Times are CPU time of this process (``--clock cpu``) so other
+processes barely move them. Memory: ``tracemalloc`` peak of one copying ``rewrite`` against
+``recompile()``'s own peak plus the retained size of one copy of the graph.
 
-Rule sets have 1, 10 and 50 rules: ``neg_neg`` first, then exact identities over unary ops
-(``relu(sigmoid(x)) => sigmoid(x)``, ``abs(neg(x)) => abs(x)``, ``floor(ceil(x)) => ceil(x)``,
-``relu(exp(sin(x))) => exp(sin(x))``, ...). Most are anchored at ops present in the graph but
-need ops that are absent, so they are *tried* without firing; ``relu_relu`` and
-``relu_sigmoid`` do fire now and then. Every rule is an exact identity, so the rewritten
-module must compute what the original computes.
-
-For every (shape, N, density, rule count) the script times, in one process, the median of
-``--repeat`` runs, each on a fresh GraphModule built outside the timed region:
-
-* ``fxrewrite.rewrite(gm, rules)`` (copying mode) and ``fxrewrite.rewrite(gm, rules, inplace=True)``;
-* ``torch.fx.replace_pattern`` applied rule by rule (one call per rule, as fx requires);
-* the floors: one Python pass ``for n in gm.graph.nodes: pass`` and one ``gm.recompile()``;
-
-checks that every rewritten module computes the same as the original on a ``(4,)`` tensor and
-that fxrewrite and fx applied the expected number of ``neg_neg`` rewrites, then prints a table,
-the log-log scaling exponents and a PASS/FAIL line for the performance targets
-(``rewrite <= 2x recompile`` everywhere, scaling exponent <= 1.1).
-
-The exit code is 0 when the targets are missed (this is a report, not a test); it is 1 only when
-a correctness check fails or a measured call raises.
+The report ends with the issue's target table, each row with PASS/FAIL. The exit code is 1 only
+when a correctness check fails or a measured call raises; missed targets are reported, not
+failed.
 """
 
 from __future__ import annotations
@@ -56,9 +52,11 @@ import pstats
 import random
 import signal
 import statistics
+import subprocess
 import sys
 import threading
 import time
+import tracemalloc
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -69,172 +67,255 @@ from typing import Any
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 import torch
-from torch import fx
+from torch import fx, nn
 
 try:
     import fxrewrite
 except ImportError:  # running from a checkout without the package installed
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import fxrewrite
+from fxrewrite.target import _copy_graph
 
-DEFAULT_SIZES = (1000, 4000, 16000, 64000)
-QUICK_SIZES = (1000, 4000)
-DEFAULT_DENSITIES = (0.0, 0.1, 0.5)
-DEFAULT_RULE_COUNTS = (1, 10, 50)
-SHAPES = ("chain", "dag")
-WINDOW = 8
+RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
 SEED = 20240611
-
-#: Targets (see DESIGN.md, "Performance model").
-TARGET_RATIO = 2.0  # rewrite <= 2x recompile
-TARGET_EXPONENT = 1.1  # time ~ N^k with k <= 1.1
+WINDOW = 8
+DEFAULT_SIZES = (4000, 8000, 64000)
+QUICK_SIZES = (500, 1000)
+SHAPES = ("chain", "dag")
+WORKLOADS = ("create1", "create3", "create10", "delete", "modules", "attention")
 
 UNARY_OPS: tuple[Callable[..., Any], ...] = (torch.relu, torch.sigmoid, torch.tanh, torch.sin)
 BINARY_OPS: tuple[Callable[..., Any], ...] = (operator.add, operator.mul)
 OP_MIX = UNARY_OPS + BINARY_OPS
 CHAIN_CONSTANTS = {operator.add: 0.5, operator.mul: 0.75}
+#: Ops of the created-node rules' patterns: bounded (no overflow along a 64k chain), absent from the filler.
+PATTERN_OPS: tuple[Callable[..., Any], ...] = (torch.neg, torch.cos, torch.atan, torch.erf, torch.abs, torch.sign,
+                                               torch.floor, torch.ceil, torch.trunc, torch.round, torch.asinh)
+ATTENTION_SCALE = 0.35
+
+
+# ----------------------------------------------------------------------------------------------
+# the grid
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Config:
+    """One line of the grid: a workload on a graph shape at a density with R rules (``rules`` is
+    0 for the workloads that use a shipped rule file: R is that file's size)."""
+
+    workload: str
+    shape: str
+    density: float
+    rules: int
+
+
+FULL_GRID = (
+    Config("create3", "chain", 0.5, 10), Config("create3", "chain", 0.1, 10), Config("create3", "chain", 0.1, 50),
+    Config("create3", "chain", 0.5, 50), Config("create3", "dag", 0.5, 10),
+    Config("create1", "chain", 0.5, 10), Config("create10", "chain", 0.5, 10),
+    Config("delete", "chain", 0.1, 10), Config("delete", "dag", 0.5, 50),
+    Config("modules", "chain", 0.1, 0), Config("attention", "chain", 0.5, 0),
+)
+
+
+def quick_grid() -> tuple[Config, ...]:
+    """One configuration per workload."""
+    seen: dict[str, Config] = {}
+    for c in FULL_GRID:
+        seen.setdefault(c.workload, c)
+    return tuple(seen.values())
 
 
 # ----------------------------------------------------------------------------------------------
 # graphs
 # ----------------------------------------------------------------------------------------------
 
+#: One op of a graph recipe: (opcode, target, args); an int argument is a value index (0 is the
+#: placeholder ``x``, op ``i`` computes value ``i + 1``), a :class:`Const` or a float a constant.
+Op = tuple[str, Any, tuple[Any, ...]]
+
+
+@dataclass(frozen=True)
+class Const:
+    """An int constant argument (a bare int is a value index)."""
+
+    value: Any
+
+
+def _is_value(a: Any) -> bool:
+    return isinstance(a, int) and not isinstance(a, bool)
+
 
 @dataclass
 class GraphSpec:
-    """A recipe for a synthetic graph: ``ops[i]`` computes value ``i + 1`` (value 0 is the
-    placeholder ``x``); an int argument refers to a value, a float is a constant."""
+    """A recipe for a synthetic graph and where its planted blocks are."""
 
-    shape: str
+    config: Config
     size: int
-    density: float
-    ops: list[tuple[Callable[..., Any], tuple[Any, ...]]]
+    ops: list[Op]
     outputs: list[int]
-    pairs: int
+    #: per planted block: (index of its first op, index of its last op, rule index)
+    blocks: list[tuple[int, int, int]]
+    modules: dict[str, nn.Module] = field(default_factory=dict)
 
     @property
     def actual_density(self) -> float:
-        return 2 * self.pairs / self.size
+        return sum(last - first + 1 for first, last, _ in self.blocks) / self.size
 
 
-def _pair_probability(density: float) -> float:
-    """Probability of planting a pair at a step that may hold one (never two pairs in a row).
+class Workload:
+    """What a workload plants, the rules that rewrite it, and what the rewritten graph computes."""
 
-    With pair probability q after a single op, pairs are a fraction q/(1+q) of the steps and
-    their nodes a fraction 2q/(1+2q) of the nodes; solve for q.
-    """
-    if density <= 0:
-        return 0.0
-    if density >= 2 / 3:
-        raise ValueError(f"density {density} too high: at most 2/3 of the nodes can be in non-adjacent pairs")
-    return density / (2 * (1 - density))
+    name = ""
+    block_size = 2
+    exact = True  # the rewritten module computes exactly what ``expected`` computes
 
+    def __init__(self, config: Config) -> None:
+        self.config = config
 
-def make_spec(shape: str, size: int, density: float, seed: int = SEED) -> GraphSpec:
-    """The recipe of a ``shape`` graph of ``size`` nodes (placeholder and output included)."""
-    if shape not in SHAPES:
-        raise ValueError(f"unknown shape {shape!r}; expected one of {SHAPES}")
-    if size < 4:
-        raise ValueError("size must be at least 4")
-    rng = random.Random(f"{seed}-{shape}-{size}-{density}")
-    q = _pair_probability(density)
-    budget = size - 2  # placeholder and output
-    ops: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
-    is_neg: list[bool] = [False]  # per value: produced by torch.neg
-    users: list[int] = [0]
-    pairs = 0
-    last_was_pair = True  # no pair on the placeholder itself
+    def example_input(self) -> torch.Tensor:
+        return torch.randn(4, generator=torch.Generator().manual_seed(0))
 
-    def emit(target: Callable[..., Any], args: tuple[Any, ...], neg: bool = False) -> int:
-        ops.append((target, args))
-        is_neg.append(neg)
-        users.append(0)
-        for a in args:
-            if isinstance(a, int):
-                users[a] += 1
-        return len(ops)
+    def plant(self, rng: random.Random, src: int, emit: Callable[[Op], int], spec: GraphSpec) -> int:
+        """Emit one block reading value ``src``; return the rule index it is meant for."""
+        raise NotImplementedError
 
-    if shape == "chain":
-        prev = 0
-        while len(ops) < budget:
-            if not last_was_pair and len(ops) + 2 <= budget and rng.random() < q:
-                inner = emit(torch.neg, (prev,), neg=True)
-                prev = emit(torch.neg, (inner,), neg=True)
-                pairs += 1
-                last_was_pair = True
-                continue
-            op = rng.choice(OP_MIX)
-            args = (prev, CHAIN_CONSTANTS[op]) if op in CHAIN_CONSTANTS else (prev,)
-            prev = emit(op, args)
-            last_was_pair = False
-        return GraphSpec(shape, size, density, ops, [prev], pairs)
+    def ruleset(self) -> fxrewrite.RuleSet:
+        raise NotImplementedError
 
-    pool: list[int] = [0]  # the last WINDOW values (inner negs excluded)
-    pending: list[int] = []  # values that left the window unused: the next ops consume them
+    def fx_rules(self) -> list[tuple[str, Callable[..., Any], Callable[..., Any]]] | None:
+        """(name, pattern, replacement) for ``torch.fx.replace_pattern``, or None when fx cannot."""
+        return None
 
-    def push(v: int) -> None:
-        pool.append(v)
-        if len(pool) > WINDOW:
-            old = pool.pop(0)
-            if users[old] == 0:
-                pending.append(old)
+    def replacement_ops(self, rule: int, src: int, emit: Callable[[Op], int]) -> int:
+        """Emit what the rewrite leaves for a block of ``rule`` reading ``src`` (for ``expected``)."""
+        raise NotImplementedError
 
-    while len(ops) < budget:
-        plant = not last_was_pair and len(ops) + 2 <= budget and rng.random() < q
-        if plant and pending and is_neg[pending[0]]:
-            plant = False  # consume the pending neg with a single op first
-        if plant:
-            if pending:
-                src = pending.pop(0)
-            else:
-                src = rng.choice([v for v in pool if not is_neg[v]])
-            inner = emit(torch.neg, (src,), neg=True)
-            push(emit(torch.neg, (inner,), neg=True))
-            pairs += 1
-            last_was_pair = True
-            continue
-        op = rng.choice(OP_MIX)
-        arity = 2 if op in BINARY_OPS else 1
-        args: list[int] = []
-        while pending and len(args) < arity:
-            args.append(pending.pop(0))
-        while len(args) < arity:
-            choices = [v for v in pool if v not in args] or pool
-            args.append(rng.choice(choices))
-        push(emit(op, tuple(args)))
-        last_was_pair = False
-    outputs = pending + [v for v in pool if users[v] == 0]
-    return GraphSpec(shape, size, density, ops, outputs, pairs)
+    def expected_module(self, spec: GraphSpec) -> fx.GraphModule:
+        """A module computing what the rewritten graph must compute."""
+        return build(spec, rewritten_by=self) if self.exact else build(spec)
 
 
-def build(spec: GraphSpec) -> fx.GraphModule:
-    """A fresh (recompiled) GraphModule from ``spec``."""
-    g = fx.Graph()
-    values: list[fx.Node] = [g.placeholder("x")]
-    append = values.append
-    call = g.call_function
-    for target, args in spec.ops:
-        append(call(target, tuple(values[a] if isinstance(a, int) else a for a in args)))
-    outs = [values[i] for i in spec.outputs]
-    g.output(outs[0] if len(outs) == 1 else tuple(outs))
-    return fx.GraphModule(torch.nn.Module(), g)
+def _pair_rules(count: int) -> list[tuple[Callable[..., Any], Callable[..., Any]]]:
+    """``count`` distinct (outer, inner) pattern op pairs, a fixed permutation of all pairs."""
+    pairs = [(a, b) for a in PATTERN_OPS for b in PATTERN_OPS if a is not b]
+    random.Random(SEED).shuffle(pairs)
+    if count > len(pairs):
+        raise ValueError(f"at most {len(pairs)} created-node rules are defined, asked for {count}")
+    return pairs[:count]
 
 
-# ----------------------------------------------------------------------------------------------
-# rules
-# ----------------------------------------------------------------------------------------------
+def _replacement_steps(rule: int, k: int) -> list[tuple[str, Any, tuple[Any, ...]]]:
+    """The k ops a created-node rule's replacement applies: scale, shift, clamp, repeated."""
+    steps = []
+    for j in range(k):
+        kind = j % 3
+        if kind == 0:
+            steps.append(("call_function", operator.mul, (0.5 + rule / 128,)))
+        elif kind == 1:
+            steps.append(("call_function", operator.add, (0.25,)))
+        else:
+            steps.append(("call_function", torch.clamp, (-4.0, 4.0)))
+    return steps
 
 
-@dataclass
-class RuleDef:
-    name: str
-    pattern: Callable[..., Any]
-    replacement: Callable[..., Any]
+def _apply_steps(x: Any, steps: list[tuple[str, Any, tuple[Any, ...]]]) -> Any:
+    for _, target, consts in steps:
+        x = target(x, *consts)
+    return x
 
 
-def _chain_fn(ops: Sequence[Callable[..., Any]]) -> Callable[..., Any]:
-    """``ops[0](ops[1](...ops[-1](x)))`` as a function of ``x``."""
+class CreateNodes(Workload):
+    """R rules ``a_i(b_i(x)) => k new nodes``."""
 
+    def __init__(self, config: Config, k: int) -> None:
+        super().__init__(config)
+        self.k = k
+        self.name = f"create{k}"
+        self.pairs = _pair_rules(config.rules)
+
+    def plant(self, rng: random.Random, src: int, emit: Callable[[Op], int], spec: GraphSpec) -> int:
+        rule = rng.randrange(len(self.pairs))
+        outer, inner = self.pairs[rule]
+        emit(("call_function", outer, (emit(("call_function", inner, (src,))),)))
+        return rule
+
+    def _functions(self, rule: int) -> tuple[str, Callable[..., Any], Callable[..., Any]]:
+        outer, inner = self.pairs[rule]
+        steps = _replacement_steps(rule, self.k)
+
+        def pattern(x):  # type: ignore[no-untyped-def]
+            return outer(inner(x))
+
+        def replacement(x):  # type: ignore[no-untyped-def]
+            return _apply_steps(x, steps)
+
+        return f"{outer.__name__}_{inner.__name__}_to_{self.k}", pattern, replacement
+
+    def ruleset(self) -> fxrewrite.RuleSet:
+        defs = [self._functions(i) for i in range(len(self.pairs))]
+        return fxrewrite.RuleSet([fxrewrite.Rule.from_functions(p, r, name=n) for n, p, r in defs])
+
+    def fx_rules(self) -> list[tuple[str, Callable[..., Any], Callable[..., Any]]]:
+        return [self._functions(i) for i in range(len(self.pairs))]
+
+    def replacement_ops(self, rule: int, src: int, emit: Callable[[Op], int]) -> int:
+        value = src
+        for opcode, target, consts in _replacement_steps(rule, self.k):
+            value = emit((opcode, target, (value, *consts)))
+        return value
+
+
+class DeleteNodes(Workload):
+    """``neg(neg(x)) => x`` first, then identities over unary ops that are tried and rarely fire."""
+
+    name = "delete"
+
+    def plant(self, rng: random.Random, src: int, emit: Callable[[Op], int], spec: GraphSpec) -> int:
+        emit(("call_function", torch.neg, (emit(("call_function", torch.neg, (src,))),)))
+        return 0
+
+    def ruleset(self) -> fxrewrite.RuleSet:
+        return fxrewrite.RuleSet([fxrewrite.Rule.from_functions(p, r, name=n) for n, p, r in self.fx_rules()])
+
+    def fx_rules(self) -> list[tuple[str, Callable[..., Any], Callable[..., Any]]]:
+        return identity_rules(self.config.rules)
+
+    def replacement_ops(self, rule: int, src: int, emit: Callable[[Op], int]) -> int:
+        return src
+
+
+def identity_rules(count: int) -> list[tuple[str, Callable[..., Any], Callable[..., Any]]]:
+    """``neg_neg`` then exact identities ``outer(p(x)) => p(x)`` for ``outer`` idempotent on
+    p's values, and ``e(neg(x)) => e(x)`` for even ``e``."""
+
+    def neg_neg(x):  # type: ignore[no-untyped-def]
+        return torch.neg(torch.neg(x))
+
+    def same(x):  # type: ignore[no-untyped-def]
+        return x
+
+    defs = [("neg_neg", neg_neg, same)]
+    nonneg = (torch.relu, torch.sigmoid, torch.exp, torch.abs, torch.square, torch.cosh)
+    for outer in (torch.relu, torch.abs):
+        for p in nonneg:
+            defs.append((f"{outer.__name__}_{p.__name__}", _compose(outer, p), _compose(p)))
+    for e in (torch.abs, torch.cos, torch.cosh, torch.square):
+        defs.append((f"{e.__name__}_neg", _compose(e, torch.neg), _compose(e)))
+    rounding = (torch.floor, torch.ceil, torch.trunc, torch.round)
+    for r1 in rounding:
+        for r2 in (*rounding, torch.sign):
+            defs.append((f"{r1.__name__}_{r2.__name__}", _compose(r1, r2), _compose(r2)))
+    for p in (torch.exp, torch.abs, torch.square, torch.cosh):
+        for q in (torch.sin, torch.tanh, torch.sigmoid, torch.cos, torch.atan):
+            defs.append((f"relu_{p.__name__}_{q.__name__}", _compose(torch.relu, p, q), _compose(p, q)))
+    if count > len(defs):
+        raise ValueError(f"at most {len(defs)} identity rules are defined, asked for {count}")
+    return defs[:count]
+
+
+def _compose(*ops: Callable[..., Any]) -> Callable[..., Any]:
     def fn(x):  # type: ignore[no-untyped-def]
         for op in reversed(ops):
             x = op(x)
@@ -243,87 +324,200 @@ def _chain_fn(ops: Sequence[Callable[..., Any]]) -> Callable[..., Any]:
     return fn
 
 
-def _unary_rule(ops: Sequence[Callable[..., Any]], keep: Sequence[Callable[..., Any]] | None = None) -> RuleDef:
-    """``ops[0](ops[1](...(x))) => keep(...(x))``; by default ``keep`` drops the outermost op."""
-    keep = ops[1:] if keep is None else keep
-    name = "_".join(op.__name__ for op in ops)
-    return RuleDef(name, _chain_fn(ops), _chain_fn(keep))
+class FoldConvBn(Workload):
+    """``bn(conv(x))`` submodule pairs, folded by the shipped ``conv_bn_fold`` (module captures)."""
+
+    name = "modules"
+    exact = False
+
+    def example_input(self) -> torch.Tensor:
+        return torch.randn(1, 1, 2, 2, generator=torch.Generator().manual_seed(0))
+
+    def plant(self, rng: random.Random, src: int, emit: Callable[[Op], int], spec: GraphSpec) -> int:
+        j = len(spec.blocks)
+        generator = torch.Generator().manual_seed(j)
+        conv, bn = nn.Conv2d(1, 1, 1), nn.BatchNorm2d(1)
+        with torch.no_grad():
+            conv.weight.uniform_(0.5, 1.5, generator=generator)
+            bn.running_mean.uniform_(-0.5, 0.5, generator=generator)
+            bn.running_var.uniform_(0.5, 1.5, generator=generator)
+        spec.modules[f"conv{j}"], spec.modules[f"bn{j}"] = conv, bn.eval()
+        emit(("call_module", f"bn{j}", (emit(("call_module", f"conv{j}", (src,))),)))
+        return 0
+
+    def ruleset(self) -> fxrewrite.RuleSet:
+        return fxrewrite.load_rules(RULES_DIR / "fusion.py")
 
 
-def _special_rules() -> list[RuleDef]:
-    def neg_neg(x):  # type: ignore[no-untyped-def]
-        return torch.neg(torch.neg(x))
+class Attention(Workload):
+    """``softmax(q @ k.transpose(-2, -1) * s, -1) @ v`` blocks (q the block's input, k and v
+    computed from it), rewritten to SDPA by the shipped ``rules/attention.py``."""
 
-    def neg_neg_r(x):  # type: ignore[no-untyped-def]
-        return x
+    name = "attention"
+    block_size = 7
+    exact = False
 
-    def add_relu_relu_neg(x):  # type: ignore[no-untyped-def]
-        return torch.relu(x) + torch.relu(torch.neg(x))
+    def example_input(self) -> torch.Tensor:
+        return torch.randn(1, 3, 4, generator=torch.Generator().manual_seed(0))
 
-    def add_relu_relu_neg_r(x):  # type: ignore[no-untyped-def]
-        return torch.abs(x)
+    def plant(self, rng: random.Random, src: int, emit: Callable[[Op], int], spec: GraphSpec) -> int:
+        k = emit(("call_function", operator.mul, (src, 0.5)))
+        v = emit(("call_function", operator.add, (src, 0.25)))
+        kt = emit(("call_method", "transpose", (k, Const(-2), Const(-1))))
+        scores = emit(("call_function", operator.mul, (emit(("call_function", operator.matmul, (src, kt))),
+                                                       ATTENTION_SCALE)))
+        weights = emit(("call_function", torch.softmax, (scores, Const(-1))))
+        emit(("call_function", operator.matmul, (weights, v)))
+        return 0
 
-    def mul_abs_sign(x):  # type: ignore[no-untyped-def]
-        return torch.abs(x) * torch.sign(x)
+    def ruleset(self) -> fxrewrite.RuleSet:
+        return fxrewrite.load_rules(RULES_DIR / "attention.py")
 
-    def mul_abs_sign_r(x):  # type: ignore[no-untyped-def]
-        return x
+    def fx_rules(self) -> list[tuple[str, Callable[..., Any], Callable[..., Any]]]:
+        def pattern(q, k, v):  # type: ignore[no-untyped-def]
+            return torch.softmax(q @ k.transpose(-2, -1) * ATTENTION_SCALE, -1) @ v
 
-    def neg_sub(x, y):  # type: ignore[no-untyped-def]
-        return torch.neg(x - y)
+        def replacement(q, k, v):  # type: ignore[no-untyped-def]
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=ATTENTION_SCALE)
 
-    def neg_sub_r(x, y):  # type: ignore[no-untyped-def]
-        return y - x
-
-    return [
-        RuleDef("neg_neg", neg_neg, neg_neg_r),
-        _unary_rule((torch.relu, torch.relu)),
-        _unary_rule((torch.relu, torch.sigmoid)),
-        RuleDef("add_relu_relu_neg", add_relu_relu_neg, add_relu_relu_neg_r),
-        RuleDef("mul_abs_sign", mul_abs_sign, mul_abs_sign_r),
-        RuleDef("neg_sub", neg_sub, neg_sub_r),
-    ]
-
-
-def all_rule_defs() -> list[RuleDef]:
-    """Every benchmark rule, in rule-set order (``neg_neg`` first); all distinct exact identities."""
-    defs = _special_rules()
-    nonneg = (torch.relu, torch.sigmoid, torch.exp, torch.abs, torch.square, torch.cosh)
-    # outer op is idempotent on non-negative values: relu(p(x)) = p(x), abs(p(x)) = p(x)
-    defs += [_unary_rule((outer, p)) for outer in (torch.relu, torch.abs) for p in nonneg
-             if (outer, p) not in ((torch.relu, torch.relu), (torch.relu, torch.sigmoid))]
-    # even functions: e(neg(x)) = e(x)
-    defs += [_unary_rule((e, torch.neg), keep=(e,)) for e in (torch.abs, torch.cos, torch.cosh, torch.square)]
-    # integer-valued results are fixed points of rounding: r1(r2(x)) = r2(x)
-    rounding = (torch.floor, torch.ceil, torch.trunc, torch.round)
-    defs += [_unary_rule((r1, r2)) for r1 in rounding for r2 in (*rounding, torch.sign)]
-    # three-node patterns anchored at relu: relu(p(q(x))) = p(q(x)) for p >= 0
-    defs += [_unary_rule((torch.relu, p, q)) for p in (torch.exp, torch.abs, torch.square, torch.cosh)
-             for q in (torch.sin, torch.tanh, torch.sigmoid, torch.cos, torch.atan)]
-    # an order that mixes anchors in the 10-rule set: specials, then one of each family
-    head = [d for d in defs if d.name in {"relu_exp", "abs_neg", "cos_neg", "floor_floor"}]
-    ordered = defs[:6] + head + [d for d in defs[6:] if d not in head]
-    names = [d.name for d in ordered]
-    assert len(set(names)) == len(names), names
-    return ordered
+        return [("attention", pattern, replacement)]
 
 
-def rule_defs(count: int) -> list[RuleDef]:
-    """The first ``count`` benchmark rules."""
-    ordered = all_rule_defs()
-    if count > len(ordered):
-        raise ValueError(f"at most {len(ordered)} benchmark rules are defined, asked for {count}")
-    return ordered[:count]
+def workload(config: Config) -> Workload:
+    if config.workload.startswith("create"):
+        return CreateNodes(config, int(config.workload[len("create"):]))
+    return {"delete": DeleteNodes, "modules": FoldConvBn, "attention": Attention}[config.workload](config)
 
 
-def make_ruleset(count: int) -> tuple[fxrewrite.RuleSet, list[RuleDef]]:
-    defs = rule_defs(count)
-    rules = [fxrewrite.Rule.from_functions(d.pattern, d.replacement, name=d.name) for d in defs]
-    return fxrewrite.RuleSet(rules), defs
+def _plant_probability(density: float, block: int) -> float:
+    """Probability of planting at a step that may hold a block (never two blocks in a row):
+    blocks of ``block`` nodes are a fraction ``block*q / (1 + block*q)`` of the nodes."""
+    if density <= 0:
+        return 0.0
+    if density >= block / (block + 1):
+        raise ValueError(f"density {density} too high for non-adjacent blocks of {block} nodes")
+    return density / (block * (1 - density))
+
+
+def make_spec(work: Workload, size: int) -> GraphSpec:
+    """The recipe of a graph of ``size`` nodes (placeholder and output included)."""
+    config = work.config
+    if config.shape not in SHAPES:
+        raise ValueError(f"unknown shape {config.shape!r}; expected one of {SHAPES}")
+    rng = random.Random(f"{SEED}-{config}-{size}")
+    q = _plant_probability(config.density, work.block_size)
+    spec = GraphSpec(config, size, [], [], [])
+    users: list[int] = [0]
+    budget = size - 2
+
+    def emit(op: Op) -> int:
+        spec.ops.append(op)
+        users.append(0)
+        for a in op[2]:
+            if _is_value(a):
+                users[a] += 1
+        return len(spec.ops)
+
+    def plant(src: int) -> int:
+        first = len(spec.ops)
+        rule = work.plant(rng, src, emit, spec)
+        spec.blocks.append((first, len(spec.ops) - 1, rule))
+        return len(spec.ops)
+
+    last_was_block = True  # no block on the placeholder itself
+    if config.shape == "chain":
+        prev = 0
+        while len(spec.ops) < budget:
+            if not last_was_block and len(spec.ops) + work.block_size <= budget and rng.random() < q:
+                prev, last_was_block = plant(prev), True
+                continue
+            op = rng.choice(OP_MIX)
+            prev = emit(("call_function", op, (prev, CHAIN_CONSTANTS[op]) if op in CHAIN_CONSTANTS else (prev,)))
+            last_was_block = False
+        spec.outputs = [prev]
+        return spec
+    pool: list[int] = [0]  # the last WINDOW values
+    pending: list[int] = []  # values that left the window unused: the next ops consume them
+    planted: set[int] = set()
+
+    def push(v: int) -> None:
+        pool.append(v)
+        if len(pool) > WINDOW:
+            old = pool.pop(0)
+            if users[old] == 0:
+                pending.append(old)
+
+    while len(spec.ops) < budget:
+        if not last_was_block and len(spec.ops) + work.block_size <= budget and rng.random() < q:
+            candidates = [v for v in pool if v not in planted] or pool
+            src = pending.pop(0) if pending and pending[0] not in planted else rng.choice(candidates)
+            out = plant(src)
+            planted.add(out)
+            push(out)
+            last_was_block = True
+            continue
+        op = rng.choice(OP_MIX)
+        arity = 2 if op in BINARY_OPS else 1
+        args: list[int] = []
+        while pending and len(args) < arity:
+            args.append(pending.pop(0))
+        while len(args) < arity:
+            args.append(rng.choice([v for v in pool if v not in args] or pool))
+        push(emit(("call_function", op, tuple(args))))
+        last_was_block = False
+    spec.outputs = pending + [v for v in pool if users[v] == 0]
+    return spec
+
+
+def build(spec: GraphSpec, rewritten_by: Workload | None = None) -> fx.GraphModule:
+    """A fresh (recompiled) GraphModule from ``spec``; with ``rewritten_by``, each planted block
+    is replaced by what that workload's rule leaves in its place."""
+    g = fx.Graph()
+    values: dict[int, Any] = {0: g.placeholder("x")}
+    block_of_last = {last: (first, rule) for first, last, rule in spec.blocks}
+    inside = {i for first, last, _ in spec.blocks for i in range(first, last + 1)} if rewritten_by else set()
+    replacement_values: dict[int, Any] = {}
+
+    def node_of(a: Any) -> Any:
+        return values[a] if _is_value(a) else a.value if isinstance(a, Const) else a
+
+    for i, (opcode, target, args) in enumerate(spec.ops):
+        if i in inside:
+            if i in block_of_last:
+                first, rule = block_of_last[i]
+                src = _block_input(spec.ops[first])
+                values[i + 1] = _emit_replacement(g, rewritten_by, rule, values[src], replacement_values)
+            continue
+        values[i + 1] = g.create_node(opcode, target, tuple(node_of(a) for a in args))
+    outs = [values[i] for i in spec.outputs]
+    g.output(outs[0] if len(outs) == 1 else tuple(outs))
+    root = nn.Module()
+    for name, module in spec.modules.items():
+        root.add_module(name, module)
+    return fx.GraphModule(root, g)
+
+
+def _block_input(first_op: Op) -> int:
+    return next(a for a in first_op[2] if _is_value(a))
+
+
+def _emit_replacement(g: fx.Graph, work: Workload | None, rule: int, src: fx.Node, cache: dict[int, Any]) -> fx.Node:
+    assert work is not None
+    local: dict[int, Any] = {-1: src}
+    ops: list[Op] = []
+
+    def emit(op: Op) -> int:
+        ops.append(op)
+        return len(ops) - 1
+
+    last = work.replacement_ops(rule, -1, emit)
+    for j, (opcode, target, args) in enumerate(ops):
+        local[j] = g.create_node(opcode, target, tuple(local[a] if _is_value(a) else a for a in args))
+    return local[last]
 
 
 # ----------------------------------------------------------------------------------------------
-# timing
+# timing and memory
 # ----------------------------------------------------------------------------------------------
 
 
@@ -331,19 +525,16 @@ class _Timeout(Exception):
     pass
 
 
+CLOCKS: dict[str, Callable[[], float]] = {"cpu": time.process_time, "wall": time.perf_counter}
+
+
 def _alarm_available() -> bool:
     return hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
 
 
-#: ``cpu``: CPU time of this process (robust when other processes share the machine);
-#: ``wall``: elapsed time.
-CLOCKS: dict[str, Callable[[], float]] = {"cpu": time.process_time, "wall": time.perf_counter}
-
-
 def _timed(fn: Callable[[], Any], limit: float | None = None,
            clock: Callable[[], float] = time.process_time) -> tuple[float, Any]:
-    """Seconds taken by ``fn()`` (on ``clock``) and its result; raises ``_Timeout`` after
-    ``limit`` seconds on the same clock (when an interval timer can be used: main thread, POSIX)."""
+    """Seconds taken by ``fn()`` on ``clock`` and its result; raises ``_Timeout`` after ``limit``."""
     gc.collect()
     use_alarm = limit is not None and _alarm_available()
     if use_alarm:
@@ -366,63 +557,80 @@ def _timed(fn: Callable[[], Any], limit: float | None = None,
     return elapsed, result
 
 
+def _traced_memory(fn: Callable[[], Any]) -> tuple[int, int, Any]:
+    """(peak, retained) bytes allocated by ``fn()`` as ``tracemalloc`` sees them, and its result."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        result = fn()
+        current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return peak - base, current - base, result
+
+
 def _node_pass(gm: fx.GraphModule) -> None:
-    for n in gm.graph.nodes:
+    for _ in gm.graph.nodes:
         pass
 
 
-def _fx_apply(gm: fx.GraphModule, defs: Sequence[RuleDef]) -> dict[str, int]:
-    counts = {}
-    for d in defs:
-        counts[d.name] = len(fx.replace_pattern(gm, d.pattern, d.replacement))
-    return counts
+def _fx_apply(gm: fx.GraphModule, defs: Sequence[tuple[str, Callable[..., Any], Callable[..., Any]]]) -> list[int]:
+    """Rewrites by ``torch.fx.replace_pattern``, rule by rule (one call per rule, as fx requires)."""
+    return [len(fx.replace_pattern(gm, pattern, replacement)) for _, pattern, replacement in defs]
 
 
 @dataclass
 class Row:
+    workload: str
     shape: str
-    size: int
     density: float
     rules: int
+    size: int  # requested
+    nodes: int = 0  # built
     actual_density: float = 0.0
     planted: int = 0
     rewrite_ms: float | None = None
     inplace_ms: float | None = None
     fx_ms: float | None = None
-    fx_status: str = "ok"  # ok | skipped | timeout | error
-    fx_runs: int = 0  # runs in the fx median (fewer than --repeat when fx is slow)
+    fx_status: str = "ok"  # ok | skipped | timeout | error | n/a
     recompile_ms: float | None = None
     pass_ms: float | None = None
-    rewrites: int | None = None
-    neg_neg_rewrite: int | None = None
-    neg_neg_inplace: int | None = None
-    neg_neg_fx: int | None = None
+    applied: int | None = None
+    rewrite_peak_kb: float | None = None
+    recompile_peak_kb: float | None = None
+    copy_kb: float | None = None
     errors: list[str] = field(default_factory=list)
 
     @property
-    def key(self) -> tuple[str, float, int]:
-        return (self.shape, self.density, self.rules)
+    def key(self) -> tuple[str, str, float, int]:
+        return (self.workload, self.shape, self.density, self.rules)
+
+    @property
+    def memory_budget_kb(self) -> float | None:
+        if self.recompile_peak_kb is None or self.copy_kb is None:
+            return None
+        return self.recompile_peak_kb + self.copy_kb
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def _median(xs: list[float]) -> float | None:
+def _median_ms(xs: list[float]) -> float | None:
     return statistics.median(xs) * 1e3 if xs else None
 
 
-def _same_output(expected: Any, gm: fx.GraphModule, x: torch.Tensor, what: str, errors: list[str]) -> None:
+def _differs(expected: Any, got: Any, exact: bool) -> str | None:
     try:
-        got = gm(x)
-        torch.testing.assert_close(got, expected, equal_nan=True, rtol=1e-5, atol=1e-6)
-    except Exception as exc:  # noqa: BLE001 - reported, not raised
+        if exact:
+            torch.testing.assert_close(got, expected, equal_nan=True, rtol=0, atol=0)
+        else:
+            torch.testing.assert_close(got, expected, equal_nan=True, rtol=1e-4, atol=1e-5)
+    except AssertionError as exc:
         text = str(exc).strip().splitlines()
-        errors.append(f"{what}: output differs from the original: {text[0] if text else type(exc).__name__}")
-
-
-def _count_neg(gm: fx.GraphModule) -> int:
-    return sum(1 for n in gm.graph.nodes if n.op == "call_function" and n.target is torch.neg)
+        return text[0] if text else "differs"
+    return None
 
 
 class Bench:
@@ -430,27 +638,22 @@ class Bench:
         self.args = args
         self.out = out
         self.rows: list[Row] = []
-        self.rulesets = {k: make_ruleset(k) for k in args.rules}
-        # fx history per (shape, density, rules): [(size, seconds)], and whether to give up
-        self.fx_history: dict[tuple[str, float, int], list[tuple[int, float]]] = {}
-        self.fx_given_up: set[tuple[str, float, int]] = set()
-        self.x = torch.randn(4, generator=torch.Generator().manual_seed(0))
+        self.fx_history: dict[tuple[str, str, float, int], list[tuple[int, float]]] = {}
+        self.fx_given_up: set[tuple[str, str, float, int]] = set()
 
     def log(self, text: str) -> None:
         if self.args.verbose:
             print(text, file=self.out, flush=True)
 
-    def fx_plan(self, key: tuple[str, float, int], size: int) -> str | None:
-        """None to measure fx, or why it is skipped."""
-        if self.args.no_fx:
+    def fx_plan(self, row: Row, work: Workload) -> str | None:
+        """None to time fx, or why not."""
+        if work.fx_rules() is None:
+            return "n/a"
+        if self.args.no_fx or (self.args.fx_max_nodes is not None and row.size > self.args.fx_max_nodes):
             return "skipped"
-        if self.args.fx_max_nodes is not None and size > self.args.fx_max_nodes:
+        if row.key in self.fx_given_up:
             return "skipped"
-        if self.args.fx_max_rules is not None and key[2] > self.args.fx_max_rules:
-            return "skipped"
-        if key in self.fx_given_up:
-            return "skipped"
-        hist = self.fx_history.get(key, [])
+        hist = self.fx_history.get(row.key, [])
         if hist:
             (n1, t1) = hist[-1]
             slope = 1.0
@@ -458,120 +661,117 @@ class Bench:
                 (n0, t0) = hist[-2]
                 if t0 > 0 and t1 > 0 and n1 != n0:
                     slope = max(1.0, math.log(t1 / t0) / math.log(n1 / n0))
-            projected = t1 * (size / n1) ** slope
-            if projected > self.args.fx_limit:
+            if t1 * (row.size / n1) ** slope > self.args.fx_limit:
                 return "skipped"
         return None
 
-    def run_graph(self, shape: str, size: int, density: float) -> None:
-        spec = make_spec(shape, size, density)
-        base = build(spec)
-        n_nodes = len(base.graph.nodes)
-        expected = base(self.x)
-        clock = CLOCKS[self.args.clock]
-        # ``base`` lives through every measurement of this graph: freeze it (with everything else
-        # alive now) so the gc.collect() before each timed call does not traverse it again.
-        gc.collect()
-        gc.freeze()
-        try:
-            self._run_rules(spec, base, expected, n_nodes, clock)
-        finally:
-            gc.unfreeze()
-
-    def _run_rules(self, spec: GraphSpec, base: fx.GraphModule, expected: Any, n_nodes: int,
-                   clock: Callable[[], float]) -> None:
-        shape, density, repeat = spec.shape, spec.density, self.args.repeat
-        self.log(f"  graph {shape} N={n_nodes} density={density:.0%} (actual {spec.actual_density:.1%}, "
-                 f"{spec.pairs} neg pairs, {len(spec.outputs)} output(s))")
-        for count in self.args.rules:
-            ruleset, defs = self.rulesets[count]
-            row = Row(shape, n_nodes, density, count, spec.actual_density, spec.pairs)
-            fx_skip = self.fx_plan(row.key, n_nodes)
-            times: dict[str, list[float]] = {"rewrite": [], "inplace": [], "fx": [], "pass": [], "recompile": []}
-            last: dict[str, Any] = {}
-            for _ in range(repeat):
-                # the floors, interleaved with the runs they are compared with
-                times["pass"].append(_timed(partial(_node_pass, base), clock=clock)[0])
-                times["recompile"].append(_timed(base.recompile, clock=clock)[0])
-                # copying mode: the input is never modified, so every run can take the base module
-                try:
-                    t, res = _timed(partial(fxrewrite.rewrite, base, ruleset), clock=clock)
-                    times["rewrite"].append(t)
-                    last["rewrite"] = res
-                    if len(base.graph.nodes) != n_nodes or res.module is base:
-                        row.errors.append("rewrite(inplace=False) modified its input module")
-                        base = build(spec)
-                except Exception as exc:  # noqa: BLE001
-                    row.errors.append(f"rewrite raised {type(exc).__name__}: {exc}")
-                # in place
-                gm = build(spec)
-                try:
-                    t, res = _timed(partial(fxrewrite.rewrite, gm, ruleset, inplace=True), clock=clock)
-                    times["inplace"].append(t)
-                    last["inplace"] = res
-                    if res.module is not gm:
-                        row.errors.append("rewrite(inplace=True) did not return the module it was given")
-                except Exception as exc:  # noqa: BLE001
-                    row.errors.append(f"rewrite(inplace=True) raised {type(exc).__name__}: {exc}")
-                # torch.fx, rule by rule; runs after the first stop once fx has used --fx-limit seconds
-                if fx_skip is None and sum(times["fx"]) < self.args.fx_limit:
-                    gm = build(spec)
-                    try:
-                        t, counts = _timed(partial(_fx_apply, gm, defs), limit=self.args.fx_limit, clock=clock)
-                        times["fx"].append(t)
-                        last["fx"] = (gm, counts)
-                    except _Timeout:
-                        fx_skip = "timeout"
-                        self.fx_given_up.add(row.key)
-                    except Exception as exc:  # noqa: BLE001
-                        fx_skip = "error"
-                        self.fx_given_up.add(row.key)
-                        row.errors.append(f"torch.fx.replace_pattern raised {type(exc).__name__}: {exc}")
-                gm = None
-            row.pass_ms = _median(times["pass"])
-            row.recompile_ms = _median(times["recompile"])
-            row.rewrite_ms = _median(times["rewrite"])
-            row.inplace_ms = _median(times["inplace"])
-            if fx_skip is None and times["fx"]:
-                row.fx_ms = _median(times["fx"])
-                row.fx_runs = len(times["fx"])
-                self.fx_history.setdefault(row.key, []).append((n_nodes, statistics.median(times["fx"])))
-            else:
-                row.fx_status = fx_skip or "skipped"
-            self.verify(row, expected, last)
+    def run_config(self, config: Config) -> None:
+        work = workload(config)
+        ruleset = work.ruleset()
+        self.log(f"  {config.workload} {config.shape} density={config.density:.0%} rules={len(ruleset)}")
+        for size in self.args.sizes:
+            spec = make_spec(work, size)
+            row = Row(config.workload, config.shape, config.density, len(ruleset), size)
+            base = build(spec)
+            row.nodes, row.actual_density, row.planted = len(base.graph.nodes), spec.actual_density, len(spec.blocks)
+            x = work.example_input()
+            expected = work.expected_module(spec)(x)
+            gc.collect()
+            gc.freeze()  # base lives through every measurement of this row: keep collections cheap
+            try:
+                self._measure(row, spec, work, ruleset, base, x, expected)
+            finally:
+                gc.unfreeze()
             self.rows.append(row)
             self.log("    " + format_row(row, self.args.fx_limit))
-            last.clear()
 
-    def verify(self, row: Row, expected: Any, last: dict[str, Any]) -> None:
-        if "rewrite" in last:
-            res = last["rewrite"]
-            row.rewrites = res.report.rewrites
-            row.neg_neg_rewrite = res.report.applied.get("neg_neg")
-            _same_output(expected, res.module, self.x, "rewrite", row.errors)
-            if _count_neg(res.module):
-                row.errors.append(f"rewrite left {_count_neg(res.module)} torch.neg node(s)")
-        if "inplace" in last:
-            res = last["inplace"]
-            row.neg_neg_inplace = res.report.applied.get("neg_neg")
-            _same_output(expected, res.module, self.x, "rewrite(inplace=True)", row.errors)
-        if "fx" in last:
-            gm, counts = last["fx"]
-            row.neg_neg_fx = counts.get("neg_neg")
-            _same_output(expected, gm, self.x, "torch.fx.replace_pattern", row.errors)
-        for what, got in (("rewrite", row.neg_neg_rewrite), ("inplace", row.neg_neg_inplace),
-                          ("fx", row.neg_neg_fx)):
-            if got is not None and got != row.planted:
-                row.errors.append(f"{what} applied neg_neg {got} time(s), expected {row.planted} (planted pairs)")
+    def _measure(self, row: Row, spec: GraphSpec, work: Workload, ruleset: fxrewrite.RuleSet,
+                 base: fx.GraphModule, x: torch.Tensor, expected: Any) -> None:
+        clock = CLOCKS[self.args.clock]
+        times: dict[str, list[float]] = {"rewrite": [], "inplace": [], "fx": [], "pass": [], "recompile": []}
+        fx_skip = self.fx_plan(row, work)
+        before = base.code
+        for _ in range(self.args.repeat):
+            times["pass"].append(_timed(partial(_node_pass, base), clock=clock)[0])
+            times["recompile"].append(_timed(base.recompile, clock=clock)[0])
+            try:
+                t, result = _timed(partial(fxrewrite.rewrite, base, ruleset), clock=clock)
+                times["rewrite"].append(t)
+                self._check(row, work, result, x, expected, "rewrite")
+                if base.code != before or result.module is base:
+                    row.errors.append("rewrite(inplace=False) modified its input module")
+            except Exception as exc:  # noqa: BLE001 - reported
+                row.errors.append(f"rewrite raised {type(exc).__name__}: {exc}")
+            result = None
+            gm = build(spec)
+            try:
+                t, result = _timed(partial(fxrewrite.rewrite, gm, ruleset, inplace=True), clock=clock)
+                times["inplace"].append(t)
+                self._check(row, work, result, x, expected, "rewrite(inplace=True)")
+            except Exception as exc:  # noqa: BLE001
+                row.errors.append(f"rewrite(inplace=True) raised {type(exc).__name__}: {exc}")
+            result = gm = None
+            if fx_skip is None and sum(times["fx"]) < self.args.fx_limit:
+                fx_skip = self._time_fx(row, spec, work, times, clock, x, expected)
+        row.pass_ms, row.recompile_ms = _median_ms(times["pass"]), _median_ms(times["recompile"])
+        row.rewrite_ms, row.inplace_ms = _median_ms(times["rewrite"]), _median_ms(times["inplace"])
+        if fx_skip is None and times["fx"]:
+            row.fx_ms = _median_ms(times["fx"])
+            self.fx_history.setdefault(row.key, []).append((row.size, statistics.median(times["fx"])))
+        else:
+            row.fx_status = fx_skip or "skipped"
+        if not self.args.no_memory:
+            self._memory(row, base, ruleset)
+
+    def _time_fx(self, row: Row, spec: GraphSpec, work: Workload, times: dict[str, list[float]],
+                 clock: Callable[[], float], x: torch.Tensor, expected: Any) -> str | None:
+        gm = build(spec)
+        try:
+            t, counts = _timed(partial(_fx_apply, gm, work.fx_rules() or []), limit=self.args.fx_limit, clock=clock)
+        except _Timeout:
+            self.fx_given_up.add(row.key)
+            return "timeout"
+        except Exception as exc:  # noqa: BLE001
+            self.fx_given_up.add(row.key)
+            row.errors.append(f"torch.fx.replace_pattern raised {type(exc).__name__}: {exc}")
+            return "error"
+        times["fx"].append(t)
+        count = counts[0] if work.name == "delete" else sum(counts)  # delete: the other rules may fire too
+        if count != row.planted:
+            row.errors.append(f"torch.fx applied {count} rewrite(s), expected {row.planted} (planted blocks)")
+        problem = _differs(expected, gm(x), work.exact)
+        if problem:
+            row.errors.append(f"torch.fx.replace_pattern: output differs: {problem}")
+        return None
+
+    def _check(self, row: Row, work: Workload, result: fxrewrite.RewriteResult, x: torch.Tensor, expected: Any,
+               what: str) -> None:
+        row.applied = result.report.rewrites
+        if result.report.rewrites != row.planted and work.name != "delete":
+            row.errors.append(f"{what} applied {result.report.rewrites} rewrite(s), expected {row.planted}")
+        if work.name == "delete" and result.report.applied.get("neg_neg") != row.planted:
+            row.errors.append(f"{what} applied neg_neg {result.report.applied.get('neg_neg')} time(s), "
+                              f"expected {row.planted}")
+        problem = _differs(expected, result.module(x), work.exact)
+        if problem:
+            row.errors.append(f"{what}: output differs from the expected one: {problem}")
+
+    def _memory(self, row: Row, base: fx.GraphModule, ruleset: fxrewrite.RuleSet) -> None:
+        """Peak of one copying rewrite vs recompile's own peak plus one copy of the graph."""
+        row.recompile_peak_kb = _traced_memory(base.recompile)[0] / 1024
+        row.copy_kb = _traced_memory(partial(_copy_graph, base.graph))[1] / 1024
+        try:
+            row.rewrite_peak_kb = _traced_memory(partial(fxrewrite.rewrite, base, ruleset))[0] / 1024
+        except Exception as exc:  # noqa: BLE001 - already reported by the timed runs
+            row.errors.append(f"rewrite under tracemalloc raised {type(exc).__name__}: {exc}")
 
 
 # ----------------------------------------------------------------------------------------------
 # report
 # ----------------------------------------------------------------------------------------------
 
-HEADER = (f"{'shape':<5} {'N':>6} {'dens':>4} {'rules':>5} {'rewrite ms':>10} {'inplace ms':>10} "
-          f"{'fx ms':>9} {'recomp ms':>9} {'pass ms':>7} {'rw/rc':>5} {'ip/rc':>5} {'fx/rw':>6} "
-          f"{'applied':>7}")
+HEADER = (f"{'workload':<9} {'shape':<5} {'N':>6} {'dens':>4} {'R':>3} {'rewrite ms':>10} {'inplace ms':>10} "
+          f"{'fx ms':>9} {'recomp ms':>9} {'rw/rc':>5} {'ip/rc':>5} {'fx/rw':>6} {'applied':>7} {'mem/budget':>10}")
 
 
 def _ms(v: float | None, width: int) -> str:
@@ -581,26 +781,23 @@ def _ms(v: float | None, width: int) -> str:
 
 
 def _x(v: float | None, width: int, prefix: str = "") -> str:
-    if v is None:
-        return f"{'-':>{width}}"
-    return f"{prefix + format(v, '.2f'):>{width}}"
+    return f"{'-':>{width}}" if v is None else f"{prefix + format(v, '.2f'):>{width}}"
 
 
 def format_row(row: Row, fx_limit: float) -> str:
     if row.fx_ms is not None:
-        fx_cell = _ms(row.fx_ms, 9)
-        fx_ratio = _x(_ratio(row.fx_ms, row.rewrite_ms), 6)
+        fx_cell, fx_ratio = _ms(row.fx_ms, 9), _x(_ratio(row.fx_ms, row.rewrite_ms), 6)
     elif row.fx_status == "timeout":
         fx_cell = f"{'>' + format(fx_limit * 1e3, '.0f'):>9}"
         fx_ratio = _x(_ratio(fx_limit * 1e3, row.rewrite_ms), 6, ">")
     else:
-        fx_cell = f"{row.fx_status:>9}"
-        fx_ratio = f"{'-':>6}"
-    applied = "-" if row.rewrites is None else str(row.rewrites)
-    text = (f"{row.shape:<5} {row.size:>6} {row.density:>4.0%} {row.rules:>5} {_ms(row.rewrite_ms, 10)} "
-            f"{_ms(row.inplace_ms, 10)} {fx_cell} {_ms(row.recompile_ms, 9)} {_ms(row.pass_ms, 7)} "
+        fx_cell, fx_ratio = f"{row.fx_status:>9}", f"{'-':>6}"
+    applied = "-" if row.applied is None else str(row.applied)
+    memory = _x(_ratio(row.rewrite_peak_kb, row.memory_budget_kb), 10)
+    text = (f"{row.workload:<9} {row.shape:<5} {row.nodes:>6} {row.density:>4.0%} {row.rules:>3} "
+            f"{_ms(row.rewrite_ms, 10)} {_ms(row.inplace_ms, 10)} {fx_cell} {_ms(row.recompile_ms, 9)} "
             f"{_x(_ratio(row.rewrite_ms, row.recompile_ms), 5)} {_x(_ratio(row.inplace_ms, row.recompile_ms), 5)} "
-            f"{fx_ratio} {applied:>7}")
+            f"{fx_ratio} {applied:>7} {memory}")
     return text + ("  ERROR" if row.errors else "")
 
 
@@ -609,35 +806,91 @@ def _slope(points: list[tuple[int, float | None]]) -> float | None:
     if len(pts) < 2:
         return None
     (n0, t0), (n1, t1) = min(pts), max(pts)
-    if n1 == n0:
-        return None
-    return math.log(t1 / t0) / math.log(n1 / n0)
+    return None if n1 == n0 else math.log(t1 / t0) / math.log(n1 / n0)
 
 
 def exponents(rows: list[Row]) -> list[dict[str, Any]]:
     """Log-log slope of time vs N from the smallest to the largest size, per configuration."""
-    groups: dict[tuple[str, float, int], list[Row]] = {}
+    groups: dict[tuple[str, str, float, int], list[Row]] = {}
     for r in rows:
         groups.setdefault(r.key, []).append(r)
     out = []
-    for (shape, density, rules), rs in groups.items():
-        rs = sorted(rs, key=lambda r: r.size)
+    for (work, shape, density, rules), rs in groups.items():
+        rs = sorted(rs, key=lambda r: r.nodes)
         out.append({
-            "shape": shape, "density": density, "rules": rules,
-            "from": rs[0].size, "to": rs[-1].size,
-            "rewrite": _slope([(r.size, r.rewrite_ms) for r in rs]),
-            "inplace": _slope([(r.size, r.inplace_ms) for r in rs]),
-            "fx": _slope([(r.size, r.fx_ms) for r in rs]) if all(r.fx_ms for r in rs) else None,
-            "recompile": _slope([(r.size, r.recompile_ms) for r in rs]),
+            "workload": work, "shape": shape, "density": density, "rules": rules,
+            "from": rs[0].nodes, "to": rs[-1].nodes,
+            "rewrite": _slope([(r.nodes, r.rewrite_ms) for r in rs]),
+            "inplace": _slope([(r.nodes, r.inplace_ms) for r in rs]),
+            "fx": _slope([(r.nodes, r.fx_ms) for r in rs]) if all(r.fx_ms for r in rs) else None,
+            "recompile": _slope([(r.nodes, r.recompile_ms) for r in rs]),
         })
     return out
 
 
-def _fmt_k(v: float | None) -> str:
-    return f"{'-':>9}" if v is None else f"{v:>9.2f}"
+@dataclass
+class Target:
+    """One row of the issue's target table and its verdict."""
+
+    workload: str
+    target: str
+    measured: str
+    verdict: str  # PASS | FAIL | not measured
 
 
-def report(rows: list[Row], fx_limit: float, out: Any) -> dict[str, Any]:
+def _worst(values: list[tuple[float, str]]) -> tuple[float, str] | None:
+    return max(values, key=lambda v: v[0]) if values else None
+
+
+def _ratio_target(rows: list[Row], label: str, select: Callable[[Row], bool], attr: str, limit: float) -> Target:
+    values = [(v, f"{r.workload} {r.shape} N={r.nodes} {r.density:.0%} R={r.rules}")
+              for r in rows if select(r) for v in [_ratio(getattr(r, attr), r.recompile_ms)] if v is not None]
+    worst = _worst(values)
+    if worst is None:
+        return Target(label, f"<= {limit:g}x recompile", "-", "not measured")
+    verdict = "PASS" if worst[0] <= limit else "FAIL"
+    shown = ", ".join(f"{v:.2f}x" for v, _ in values[:4]) + (", ..." if len(values) > 4 else "")
+    return Target(label, f"<= {limit:g}x recompile", f"{shown} (worst {worst[0]:.2f}x at {worst[1]})", verdict)
+
+
+def _near(size: int, wanted: int) -> bool:
+    return abs(size - wanted) <= wanted * 0.05
+
+
+def targets(rows: list[Row], exps: list[dict[str, Any]], check_seconds: float | None,
+            check_note: str) -> list[Target]:
+    """The issue's target table, evaluated on the measured rows."""
+    create3 = lambda r, d: r.workload == "create3" and r.shape == "chain" and r.density == d  # noqa: E731
+    out = [
+        _ratio_target(rows, "copying rewrite, 3 created nodes, 50% matched, R=10, 8k and 64k",
+                      lambda r: create3(r, 0.5) and r.rules == 10 and (_near(r.size, 8000) or _near(r.size, 64000)),
+                      "rewrite_ms", 1.5),
+        _ratio_target(rows, "the same, 10% matched, R=10 and R=50",
+                      lambda r: create3(r, 0.1) and r.rules in (10, 50) and (_near(r.size, 8000) or _near(r.size, 64000)),
+                      "rewrite_ms", 1.25),
+        _ratio_target(rows, "inplace=True, all rows", lambda r: True, "inplace_ms", 1.2),
+    ]
+    slopes = [(e[kind], f"{kind} {e['workload']} {e['shape']} {e['density']:.0%} R={e['rules']}")
+              for e in exps for kind in ("rewrite", "inplace") if e[kind] is not None and e["from"] < e["to"]]
+    worst = _worst(slopes)
+    spans = sorted({(e["from"], e["to"]) for e in exps})
+    span = f"{spans[0][0]}->{spans[-1][1]}" if spans else "-"
+    out.append(Target(f"scaling exponent {span}, every row", "<= 1.05", "-" if worst is None else
+                      f"worst {worst[0]:.3f} ({worst[1]})",
+                      "not measured" if worst is None else ("PASS" if worst[0] <= 1.05 else "FAIL")))
+    out.append(Target("fxrewrite check, shipped library, -j 2", "<= 90 s",
+                      "-" if check_seconds is None else f"{check_seconds:.0f} s wall ({check_note})",
+                      "not measured" if check_seconds is None else ("PASS" if check_seconds <= 90 else "FAIL")))
+    memory = [(r.rewrite_peak_kb / r.memory_budget_kb, f"{r.workload} {r.shape} N={r.nodes}")
+              for r in rows if r.rewrite_peak_kb is not None and r.memory_budget_kb]
+    worst = _worst(memory)
+    out.append(Target("peak memory of a copying rewrite (tracemalloc)", "<= recompile peak + 1 graph copy",
+                      "-" if worst is None else f"worst {worst[0]:.2f}x of that budget ({worst[1]})",
+                      "not measured" if worst is None else ("PASS" if worst[0] <= 1.0 else "FAIL")))
+    return out
+
+
+def report(rows: list[Row], fx_limit: float, out: Any, check: tuple[float, str] | None) -> dict[str, Any]:
     def p(text: str = "") -> None:
         print(text, file=out)
 
@@ -645,72 +898,64 @@ def report(rows: list[Row], fx_limit: float, out: Any) -> dict[str, Any]:
     p(HEADER)
     p("-" * len(HEADER))
     prev = None
-    for r in sorted(rows, key=lambda r: (r.shape, r.density, r.rules, r.size)):
-        if prev is not None and (r.shape, r.density) != prev:
+    for r in sorted(rows, key=lambda r: (r.workload, r.shape, r.density, r.rules, r.size)):
+        if prev is not None and r.key != prev:
             p()
-        prev = (r.shape, r.density)
+        prev = r.key
         p(format_row(r, fx_limit))
     p()
+    p("mem/budget: tracemalloc peak of one copying rewrite / (recompile()'s own peak + one graph copy)")
     exps = exponents(rows)
-    p("scaling exponent k (time ~ N^k, log-log slope from the smallest to the largest N)")
-    p(f"{'shape':<5} {'dens':>4} {'rules':>5} {'N range':>13} {'rewrite':>9} {'inplace':>9} {'fx':>9} {'recompile':>9}")
-    for e in exps:
-        p(f"{e['shape']:<5} {e['density']:>4.0%} {e['rules']:>5} {str(e['from']) + '-' + str(e['to']):>13} "
-          f"{_fmt_k(e['rewrite'])} {_fmt_k(e['inplace'])} {_fmt_k(e['fx'])} {_fmt_k(e['recompile'])}")
     p()
-
-    def worst(attr: str) -> tuple[float | None, Row | None]:
-        best: tuple[float | None, Row | None] = (None, None)
-        for r in rows:
-            v = _ratio(getattr(r, attr), r.recompile_ms)
-            if v is not None and (best[0] is None or v > best[0]):
-                best = (v, r)
-        return best
-
-    def where(r: Row | None) -> str:
-        return "" if r is None else f" at {r.shape} N={r.size} density={r.density:.0%} rules={r.rules}"
-
-    def worst_k(attr: str) -> tuple[float | None, dict[str, Any] | None]:
-        vals = [(e[attr], e) for e in exps if e[attr] is not None]
-        return max(vals, key=lambda t: t[0]) if vals else (None, None)
-
-    verdicts = {}
-    lines = []
-    for attr, label in (("rewrite_ms", "rewrite"), ("inplace_ms", "inplace")):
-        v, r = worst(attr)
-        ok = v is not None and v <= TARGET_RATIO
-        verdicts[f"{label}_ratio"] = ok
-        lines.append(f"  {label:<8} <= {TARGET_RATIO:g}x recompile at every size and rule count: "
-                     f"{'PASS' if ok else 'FAIL'} (worst {v:.2f}x{where(r)})" if v is not None
-                     else f"  {label:<8} <= {TARGET_RATIO:g}x recompile: FAIL (not measured)")
-    multi_size = any(e["from"] != e["to"] for e in exps)
-    for label in ("rewrite", "inplace"):
-        k, e = worst_k(label)
-        if not multi_size:
-            lines.append(f"  {label:<8} scaling exponent <= {TARGET_EXPONENT}: n/a (one size only)")
-            continue
-        ok = k is not None and k <= TARGET_EXPONENT
-        verdicts[f"{label}_exponent"] = ok
-        at = "" if e is None else f" at {e['shape']} density={e['density']:.0%} rules={e['rules']}"
-        lines.append(f"  {label:<8} scaling exponent <= {TARGET_EXPONENT}: {'PASS' if ok else 'FAIL'} "
-                     f"(worst {k:.3f}{at})" if k is not None else f"  {label} scaling exponent: FAIL (not measured)")
+    p("scaling exponent k (time ~ N^k, log-log slope from the smallest to the largest N)")
+    p(f"{'workload':<9} {'shape':<5} {'dens':>4} {'R':>3} {'N range':>13} {'rewrite':>9} {'inplace':>9} {'fx':>9} "
+      f"{'recompile':>9}")
+    for e in exps:
+        cells = " ".join("        -" if e[k] is None else f"{e[k]:>9.2f}" for k in ("rewrite", "inplace", "fx", "recompile"))
+        p(f"{e['workload']:<9} {e['shape']:<5} {e['density']:>4.0%} {e['rules']:>3} "
+          f"{str(e['from']) + '-' + str(e['to']):>13} {cells}")
+    table = targets(rows, exps, check[0] if check else None, check[1] if check else "")
+    p()
+    p("targets (issue 12, medians of the runs above, this process):")
+    width = max(len(t.workload) for t in table)
+    for t in table:
+        p(f"  {t.workload:<{width}}  {t.target:<34}  {t.verdict:<12}  {t.measured}")
+    measured = [t for t in table if t.verdict != "not measured"]
+    overall = "PASS" if measured and all(t.verdict == "PASS" for t in measured) else "FAIL"
+    p(f"TARGETS: {overall}" + (f" ({len(table) - len(measured)} not measured)" if len(measured) < len(table) else ""))
     errors = [(r, e) for r in rows for e in r.errors]
-    p("targets (DESIGN.md, Performance model):")
-    for line in lines:
-        p(line)
-    overall = all(verdicts.values())
-    p(f"TARGETS: {'PASS' if overall else 'FAIL'}")
+    p()
     if errors:
-        p()
         p(f"CORRECTNESS: FAIL ({len(errors)} problem(s))")
         for r, e in errors[:40]:
-            p(f"  {r.shape} N={r.size} density={r.density:.0%} rules={r.rules}: {e}")
-        if len(errors) > 40:
-            p(f"  ... and {len(errors) - 40} more")
+            p(f"  {r.workload} {r.shape} N={r.nodes} density={r.density:.0%} R={r.rules}: {e}")
     else:
-        p("CORRECTNESS: PASS (every rewritten module matches the original on a (4,) input; neg_neg "
-          "applied once per planted pair by rewrite, inplace and fx)")
-    return {"verdicts": verdicts, "targets_pass": overall, "correct": not errors, "exponents": exps}
+        p("CORRECTNESS: PASS (every rewritten module computes what it must on an example input; every planted "
+          "block rewritten once by rewrite, inplace and fx)")
+    return {"targets": [asdict(t) for t in table], "targets_pass": overall == "PASS", "correct": not errors,
+            "exponents": exps}
+
+
+def check_library(jobs: int, examples: int | None) -> tuple[float, str]:
+    """Wall time of ``fxrewrite check -j JOBS`` on the shipped library, and the load average seen."""
+    command = [sys.executable, "-m", "fxrewrite", "check", "-j", str(jobs)]
+    if examples is not None:
+        command += ["--examples", str(examples)]
+    load = _load_average()
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - start
+    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else f"exit {done.returncode}"
+    return seconds, f"{summary}; load average {load} -> {_load_average()}"
+
+
+def _load_average() -> str:
+    try:
+        import os
+
+        return "/".join(f"{v:.1f}" for v in os.getloadavg())
+    except (AttributeError, OSError):
+        return "n/a"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -718,28 +963,25 @@ def report(rows: list[Row], fx_limit: float, out: Any) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------
 
 
-def profile(shape: str, size: int, density: float, rules: int, out: Any, top: int = 15) -> None:
-    """cProfile one copying-mode ``rewrite``; print the top entries by cumulative time from
-    fxrewrite's own modules, then overall. (cProfile's own wall-clock timer: a Python-level
-    CPU-time timer would multiply the profiling overhead; profile on a quiet machine.)"""
-    spec = make_spec(shape, size, density)
-    ruleset, _ = make_ruleset(rules)
-    gm = build(spec)
+def profile(config: Config, size: int, out: Any, top: int = 20) -> None:
+    """cProfile one copying ``rewrite`` of ``config`` at ``size``; print the top entries by
+    cumulative time from fxrewrite's modules, then by internal time overall."""
+    work = workload(config)
+    ruleset = work.ruleset()
+    gm = build(make_spec(work, size))
     gc.collect()
     prof = cProfile.Profile()
     prof.enable()
     fxrewrite.rewrite(gm, ruleset)
     prof.disable()
-    for title, restriction in ((f"fxrewrite modules, top {top} by cumulative time", r"fxrewrite[/\\]"),
-                               (f"all functions, top {top} by cumulative time", None)):
+    for title, sort, restriction in ((f"fxrewrite modules, top {top} by cumulative time", "cumulative",
+                                      r"fxrewrite[/\\]"),
+                                     (f"all functions, top {top} by internal time", "tottime", None)):
         buf = io.StringIO()
-        stats = pstats.Stats(prof, stream=buf).sort_stats("cumulative")
-        if restriction:
-            stats.print_stats(restriction, top)
-        else:
-            stats.print_stats(top)
-        print(f"\nprofile of fxrewrite.rewrite: {shape} N={len(gm.graph.nodes)} density={density:.0%} "
-              f"rules={rules} -- {title}", file=out)
+        stats = pstats.Stats(prof, stream=buf).sort_stats(sort)
+        stats.print_stats(*((restriction, top) if restriction else (top,)))
+        print(f"\nprofile of copying rewrite: {config.workload} {config.shape} N={len(gm.graph.nodes)} "
+              f"density={config.density:.0%} R={len(ruleset)} -- {title}", file=out)
         text = buf.getvalue()
         start = text.find("   ncalls")
         print(text[start:] if start >= 0 else text, file=out)
@@ -754,93 +996,73 @@ def _ints(text: str) -> list[int]:
     return [int(float(t)) for t in text.split(",") if t.strip()]
 
 
-def _floats(text: str) -> list[float]:
-    return [float(t.rstrip("%")) / (100 if t.endswith("%") else 1) for t in text.split(",") if t.strip()]
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
-        prog="bench_rewrite.py",
-        description="Time fxrewrite.rewrite against torch.fx.replace_pattern and the floors "
-                    "(one pass over graph.nodes, one gm.recompile()) on synthetic fx graphs.")
+    ap = argparse.ArgumentParser(prog="bench_rewrite.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true",
+                    help=f"sizes {','.join(map(str, QUICK_SIZES))}, one configuration per workload, 1 run (smoke test)")
     ap.add_argument("--sizes", type=_ints, default=None,
-                    help="graph sizes in nodes, comma separated (default 1000,4000,16000,64000; "
-                         "--quick: 1000,4000)")
-    ap.add_argument("--repeat", type=int, default=None, help="runs per measurement, median reported "
-                                                             "(default 3; --quick: 1)")
-    ap.add_argument("--quick", action="store_true", help="sizes 1000,4000 and 1 repeat (about 30 s)")
-    ap.add_argument("--shapes", type=lambda s: [t for t in s.split(",") if t], default=list(SHAPES),
-                    help="chain, dag or both (default chain,dag)")
-    ap.add_argument("--densities", type=_floats, default=list(DEFAULT_DENSITIES),
-                    help="fractions of nodes in planted neg(neg(x)) pairs (default 0,0.1,0.5; '10%%' works)")
-    ap.add_argument("--rules", type=_ints, default=list(DEFAULT_RULE_COUNTS),
-                    help="rule-set sizes (default 1,10,50)")
+                    help=f"graph sizes in nodes (default {','.join(map(str, DEFAULT_SIZES))})")
+    ap.add_argument("--repeat", type=int, default=None, help="runs per measurement, median reported (default 3; --quick 1)")
+    ap.add_argument("--workloads", type=lambda s: [t for t in s.split(",") if t], default=None,
+                    help=f"only these workloads ({', '.join(WORKLOADS)})")
     ap.add_argument("--fx-limit", type=float, default=15.0,
-                    help="seconds allowed to one torch.fx measurement (all rules of one run); larger graphs "
-                         "of a configuration that hit it, or are projected to, print 'timeout'/'skipped' "
-                         "(default 15)")
-    ap.add_argument("--fx-max-nodes", type=int, default=None, help="skip torch.fx above this many nodes")
-    ap.add_argument("--fx-max-rules", type=int, default=None,
-                    help="skip torch.fx for rule sets larger than this (default: no limit; --quick: 1)")
+                    help="seconds allowed to one torch.fx run (all rules); larger sizes projected over it are skipped")
+    ap.add_argument("--fx-max-nodes", type=int, default=None, help="do not time torch.fx above this many nodes")
     ap.add_argument("--no-fx", action="store_true", help="do not time torch.fx.replace_pattern")
+    ap.add_argument("--no-memory", action="store_true", help="do not measure peak memory with tracemalloc")
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="cpu",
-                    help="cpu: CPU time of this process (default; robust on a shared machine); wall: elapsed time")
-    ap.add_argument("--json", type=Path, default=None, help="also write the rows and verdicts to this file")
+                    help="cpu: CPU time of this process (default; robust on a shared machine); wall: elapsed")
+    ap.add_argument("--check-library", action="store_true",
+                    help="also time `fxrewrite check -j 2` on the shipped library (the checker's target row)")
+    ap.add_argument("--check-examples", type=int, default=None, help="--examples for --check-library (default: its own)")
+    ap.add_argument("--json", type=Path, default=None, help="also write rows, exponents and targets to this file")
     ap.add_argument("--profile", action="store_true",
-                    help="afterwards, cProfile one rewrite of the first shape/density/rule count at the "
-                         "largest size and print the top entries")
-    ap.add_argument("-q", "--quiet", dest="verbose", action="store_false",
-                    help="print only the final table (no progress lines)")
+                    help="afterwards, cProfile one copying rewrite of the slowest row (largest rw/rc)")
+    ap.add_argument("-q", "--quiet", dest="verbose", action="store_false", help="only the final report")
     args = ap.parse_args(argv)
-    if args.sizes is None:
-        args.sizes = list(QUICK_SIZES if args.quick else DEFAULT_SIZES)
-    if args.repeat is None:
-        args.repeat = 1 if args.quick else 3
-    if args.fx_max_rules is None and args.quick:
-        args.fx_max_rules = 1
+    args.sizes = sorted(set(args.sizes or (QUICK_SIZES if args.quick else DEFAULT_SIZES)))
+    args.repeat = args.repeat or (1 if args.quick else 3)
     if args.repeat < 1:
         ap.error("--repeat must be at least 1")
-    for s in args.shapes:
-        if s not in SHAPES:
-            ap.error(f"unknown shape {s!r}; choose from {', '.join(SHAPES)}")
-    for d in args.densities:
-        if not 0 <= d < 2 / 3:
-            ap.error(f"density {d} out of range [0, 2/3)")
-    for k in args.rules:
-        if not 1 <= k <= len(all_rule_defs()):
-            ap.error(f"rule count {k} out of range 1..{len(all_rule_defs())}")
-    args.sizes = sorted(set(args.sizes))
+    if args.quick and args.fx_max_nodes is None:
+        args.fx_max_nodes = max(QUICK_SIZES)
+    grid = quick_grid() if args.quick else FULL_GRID
+    for w in args.workloads or ():
+        if w not in WORKLOADS:
+            ap.error(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
+    args.grid = [c for c in grid if args.workloads is None or c.workload in args.workloads]
+    if min(args.sizes) < 100:
+        ap.error("sizes must be at least 100 nodes")
     return args
 
 
 def main(argv: Sequence[str] | None = None, out: Any = None) -> int:
-    """Run the benchmark and print the report; returns the exit code (0 unless a correctness
-    check failed or a measured call raised)."""
+    """Run the benchmark and print the report; returns 0 unless a correctness check failed or a
+    measured call raised."""
     out = out if out is not None else sys.stdout
     args = parse_args(argv)
     started = time.perf_counter()
-    print(f"fxrewrite {fxrewrite.__version__}, torch {torch.__version__}, Python {sys.version.split()[0]}; "
-          f"sizes {','.join(map(str, args.sizes))}, repeat {args.repeat} (median), shapes {','.join(args.shapes)}, "
-          f"densities {','.join(f'{d:.0%}' for d in args.densities)}, rules {','.join(map(str, args.rules))}, "
-          f"fx limit {args.fx_limit:g} s, clock {args.clock}", file=out, flush=True)
+    print(f"fxrewrite {fxrewrite.__version__}, torch {torch.__version__}, Python {sys.version.split()[0]}; sizes "
+          f"{','.join(map(str, args.sizes))}, median of {args.repeat}, clock {args.clock}, fx limit "
+          f"{args.fx_limit:g} s, load average {_load_average()}", file=out, flush=True)
     bench = Bench(args, out)
-    # gc.collect() runs before every timed call; freezing what start-up created (torch, the rules)
-    # keeps those collections cheap. Collection stays enabled inside the timed regions.
     gc.collect()
-    gc.freeze()
+    gc.freeze()  # what start-up created (torch, the rules) stays out of the collections timed below
     try:
-        for shape in args.shapes:
-            for density in args.densities:
-                for size in args.sizes:
-                    bench.run_graph(shape, size, density)
+        for config in args.grid:
+            bench.run_config(config)
     finally:
         gc.unfreeze()
-    summary = report(bench.rows, args.fx_limit, out)
+    check = check_library(2, args.check_examples) if args.check_library else None
+    summary = report(bench.rows, args.fx_limit, out, check)
     print(f"\ntotal benchmark time {time.perf_counter() - started:.1f} s", file=out)
     if args.json is not None:
         args.json.write_text(json.dumps({"rows": [asdict(r) for r in bench.rows], **summary}, indent=1, default=str))
-    if args.profile:
-        profile(args.shapes[0], max(args.sizes), args.densities[0], args.rules[0], out)
+    if args.profile and bench.rows:
+        slowest = max(bench.rows, key=lambda r: (r.size, _ratio(r.rewrite_ms, r.recompile_ms) or 0))
+        config = next(c for c in args.grid if (c.workload, c.shape, c.density) == slowest.key[:3]
+                      and c.rules in (0, slowest.rules))
+        profile(config, slowest.size, out)
     return 0 if summary["correct"] else 1
 
 

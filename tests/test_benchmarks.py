@@ -1,0 +1,74 @@
+"""The benchmark scripts run (quick mode) and check what they measure."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return _load("bench_rewrite")
+
+
+@pytest.mark.slow  # ~15 s on an idle 2-core machine, 30 s on a busy one
+def test_quick_run_prints_every_workload_the_target_table_and_passes_its_correctness_checks(bench):
+    out = io.StringIO()
+    assert bench.main(["--quick", "--sizes", "300,600", "-q", "--fx-max-nodes", "300"], out=out) == 0
+    text = out.getvalue()
+    for workload in bench.WORKLOADS:
+        assert f"\n{workload:<9} chain    300" in text or f"\n{workload:<9} chain    299" in text, workload
+    for row in ("copying rewrite, 3 created nodes, 50% matched, R=10, 8k and 64k", "the same, 10% matched",
+                "inplace=True, all rows", "scaling exponent", "fxrewrite check, shipped library, -j 2",
+                "peak memory of a copying rewrite"):
+        assert row in text
+    assert "CORRECTNESS: PASS" in text
+
+
+@pytest.mark.parametrize("workload", ["create1", "create3", "create10", "delete", "modules", "attention"])
+def test_every_planted_block_is_rewritten_and_the_output_is_the_expected_one(bench, workload):
+    import torch
+
+    import fxrewrite
+
+    config = next(c for c in bench.FULL_GRID if c.workload == workload)
+    work = bench.workload(config)
+    spec = bench.make_spec(work, 400)
+    gm = bench.build(spec)
+    assert len(gm.graph.nodes) == 400 and spec.blocks
+    assert abs(spec.actual_density - config.density) < 0.15
+    result = fxrewrite.rewrite(gm, work.ruleset())
+    result.module.graph.lint()
+    planted = result.report.applied["neg_neg"] if workload == "delete" else result.report.rewrites
+    assert planted == len(spec.blocks)
+    x = work.example_input()
+    torch.testing.assert_close(result.module(x), work.expected_module(spec)(x), rtol=1e-4, atol=1e-5,
+                               equal_nan=True)
+
+
+def test_a_wrong_rewrite_is_reported_as_a_correctness_failure(bench, monkeypatch):
+    # the check must be able to fail: the expected module gets one more op than the rules create
+    original = bench.CreateNodes.replacement_ops
+
+    def one_more(self, rule, src, emit):
+        return emit(("call_function", bench.operator.mul, (original(self, rule, src, emit), 3.0)))
+
+    monkeypatch.setattr(bench.CreateNodes, "replacement_ops", one_more)
+    out = io.StringIO()
+    status = bench.main(["--quick", "--sizes", "300", "--workloads", "create1", "-q", "--no-fx", "--no-memory"],
+                        out=out)
+    assert status == 1 and "CORRECTNESS: FAIL" in out.getvalue() and "output differs" in out.getvalue()
