@@ -65,7 +65,7 @@ class _Item:
 
     name: str
     get: Callable[[], Any]
-    set: Callable[[Any], None]
+    set: Callable[[Any], object]
     same: Callable[[Any, Any], bool] = attrs.field(default=lambda a, b: bool(a == b))
 
 

@@ -302,7 +302,8 @@ def _from_lark(src: ast.SourceText, exc: UnexpectedInput) -> RuleSyntaxError:
             line, column = _end_of_text(src)
         sentence = _sentence(src, token, _accepted(exc))
     elif isinstance(exc, UnexpectedCharacters):
-        char = src.text[exc.pos_in_stream] if 0 <= exc.pos_in_stream < len(src.text) else ""
+        position = exc.pos_in_stream if exc.pos_in_stream is not None else -1
+        char = src.text[position] if 0 <= position < len(src.text) else ""
         sentence = f"unexpected character {char!r}" + _character_hint(char, set(exc.allowed or ()))
     else:
         sentence = "unexpected end of the file."
@@ -347,7 +348,8 @@ def _span(meta: Any) -> ast.Span:
 
 
 def _token_span(token: Token) -> ast.Span:
-    return ast.Span(token.line, token.column, token.end_line, token.end_column)
+    line, column = token.line or 1, token.column or 1
+    return ast.Span(line, column, token.end_line or line, token.end_column or column)
 
 
 _ESCAPES = {"\\": "\\", "'": "'", '"': '"', "n": "\n", "t": "\t", "r": "\r", "0": "\0"}
@@ -605,7 +607,8 @@ class _ToAst(lark.visitors.Transformer_NonRecursive):
             if c == "\\":
                 escaped = body[i + 1] if i + 1 < len(body) else ""
                 if escaped not in _ESCAPES:
-                    span = ast.Span(token.line, token.column + i + 1, token.line, token.column + i + 3)
+                    at = _token_span(token)
+                    span = ast.Span(at.line, at.column + i + 1, at.line, at.column + i + 3)
                     raise self._error(span, f"unknown escape '\\{escaped}' in a string; the escapes are "
                                             f"\\\\ \\' \\\" \\n \\t \\r \\0.")
                 out.append(_ESCAPES[escaped])

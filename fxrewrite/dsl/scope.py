@@ -202,8 +202,9 @@ class Scope:
         for name, value in _checked_names(names).items():
             roots[name] = _Root(value, True, f"names[{name!r}]")
         scope = cls(roots)
-        for use in file.uses if file is not None else ():
-            scope = scope._with_use(use, file.source)
+        if file is not None:
+            for use in file.uses:
+                scope = scope._with_use(use, file.source)
         return scope
 
     def __contains__(self, name: object) -> bool:
