@@ -23,6 +23,8 @@ def load(name: str):
 
 @pytest.mark.parametrize("script", sorted(p.name for p in EXAMPLES.glob("[0-9]*.py")))
 def test_example_script_runs(script, capsys):
+    if script.startswith("07_"):
+        pytest.importorskip("transformers")
     runpy.run_path(str(EXAMPLES / script), run_name="__main__")
     out = capsys.readouterr().out
     assert "before:" in out and "after:" in out
@@ -64,3 +66,24 @@ def test_conv_bn_folding_leaves_the_callers_model_intact():
     for k, v in model.state_dict().items():
         torch.testing.assert_close(v, before[1][k])
     torch.testing.assert_close(model(x), expected)
+
+
+def test_gpt2_eager_attention_becomes_sdpa_through_export_in_every_layer():
+    pytest.importorskip("transformers")
+    result = load("07_gpt2_attention_export.py").main()
+    assert result.report.applied == {"hf_eager_attention": 2}
+    program = result.exported_program
+    assert sum("scaled_dot_product_attention" in str(n.target) for n in program.graph.nodes) == 2
+    assert not any("softmax" in str(n.target) for n in program.graph.nodes)
+    program.graph_module.graph.lint()
+
+
+def test_gpt2_eager_attention_becomes_sdpa_from_the_command_line(capsys):
+    pytest.importorskip("transformers")
+    from fxrewrite.cli import main
+
+    target = f"{EXAMPLES / '07_gpt2_attention_export.py'}:model"
+    code = main(["apply", target, "--export", "--rules", str(EXAMPLES / "07_rules"), "--check"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "hf_eager_attention" in out and "check: ok" in out
