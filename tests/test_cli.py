@@ -217,6 +217,23 @@ def test_a_guard_without_shapes_refuses_and_the_table_says_how_to_get_them(proje
     assert rows(out)["wide_relu"][:2] == ["1", "0"] and "carries no shapes" not in out
 
 
+def test_linear_bn_fold_without_shapes_says_why_it_was_guarded_and_fires_with_them(project):
+    """The issue's case: the shipped linear_bn_fold showed `guarded 1` and explain only said
+    that its guard returned False."""
+    (project / "lb.py").write_text("import torch\nfrom torch import nn\n\n\ndef model():\n"
+                                   "    torch.manual_seed(0)\n"
+                                   "    return nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8)).eval()\n\n\n"
+                                   "def example_inputs():\n    return (torch.randn(4, 8),)\n")
+    code, out, _ = run("apply", "lb.py:model")
+    assert code == 0 and rows(out)["linear_bn_fold"][:2] == ["0", "1"]
+    assert "guards of linear_bn_fold refused matches and the graph carries no shapes/dtypes" in out
+    code, out, _ = run("explain", "lb.py:model", "--rule", "linear_bn_fold")
+    assert "returned False (the graph carries no shapes/dtypes; if the guard reads them" in out
+    assert out.splitlines()[-1].startswith("Guards refused on a graph without shapes/dtypes: add --shapes")
+    code, out, _ = run("apply", "lb.py:model", "--shapes", "--check")
+    assert code == 0 and rows(out)["linear_bn_fold"][:2] == ["1", "0"] and "check: ok" in out
+
+
 def test_max_rewrites_bounds_the_rewrites_and_the_error_says_how_to_raise_it(project):
     (project / "deep.py").write_text("import torch\n\ndef model():\n    return Deep()\n\n"
                                      "class Deep(torch.nn.Module):\n    def forward(self, x):\n"
