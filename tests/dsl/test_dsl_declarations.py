@@ -165,3 +165,16 @@ def test_a_setting_given_twice_on_one_line_is_a_syntax_error():
 def test_declarations_come_after_the_rewrite_line():
     with pytest.raises(RuleSyntaxError):
         parse_rules("rule r:\n    tolerance rtol=1e-3\n    x * a => x\n")
+
+
+def test_fxrewrite_check_finds_a_declared_fxr_rule_sound(tmp_path):
+    import io
+
+    from fxrewrite.cli import main
+
+    path = tmp_path / "folding.fxr"
+    path.write_text(FOLD_SCALES_DECLARED)
+    out = io.StringIO()
+    status = main(["check", str(path), "--examples", "30", "-j", "1"], out=out)
+    assert status == 0, out.getvalue()
+    assert "fold_scales" in out.getvalue() and "1 sound" in out.getvalue()
