@@ -307,7 +307,8 @@ class _Search:
             self.fail(pn, gv, f"arguments differ: pattern {_arity(pn)}, graph {_arity(gv)}")
             return
         if pn.op == "get_attr" and not _same_attribute_kind(pn, gv):
-            self.fail(pn, gv, f"attribute '{gv.target}' is not a tensor like the pattern's '{pn.target}'")
+            self.fail(pn, gv, f"attribute '{gv.target}' is not a {type(_attribute(pn)).__name__} like the pattern's "
+                              f"'{pn.target}'")
             return
         self.bind(pn, gv)
         if pn.op == "call_module":
@@ -679,8 +680,10 @@ def _attribute(node: Node) -> Any:
 
 
 def _same_attribute_kind(pn: Node, gn: Node) -> bool:
-    """torch.fx's rule for ``get_attr`` in patterns: any tensor attribute matches a tensor."""
-    return isinstance(_attribute(pn), torch.Tensor) and isinstance(_attribute(gn), torch.Tensor)
+    """torch.fx's rule for ``get_attr`` in patterns: a tensor attribute matches a tensor of the
+    same type (an ``nn.Parameter`` only a Parameter, a plain tensor buffer only a plain tensor)."""
+    p_value, g_value = _attribute(pn), _attribute(gn)
+    return type(p_value) is type(g_value) and isinstance(p_value, torch.Tensor)
 
 
 def _argument(name: str | None) -> str:

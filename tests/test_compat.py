@@ -772,6 +772,35 @@ def test_pattern_tensor_attribute_matches_any_tensor_attribute():
     differential(PlusB(), PlusA(), MinusC(), inputs=randn((3,)), expect=1)
 
 
+def test_pattern_parameter_attribute_matches_only_a_parameter_like_torch_fx():
+    class PlusParameterA(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Parameter(torch.tensor([1.0]))
+
+        def forward(self, x):
+            return x + self.a
+
+    class PlusBufferB(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("b", torch.tensor([5.0]))
+
+        def forward(self, x):
+            return torch.relu(x + self.b)
+
+    class PlusParameterB(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.b = torch.nn.Parameter(torch.tensor([5.0]))
+
+        def forward(self, x):
+            return torch.relu(x + self.b)
+
+    differential(PlusBufferB(), PlusParameterA(), MinusC(), inputs=randn((3,)), expect=0)
+    differential(PlusParameterB(), PlusParameterA(), MinusC(), inputs=randn((3,)), expect=1)
+
+
 def test_replacement_parameter_is_copied_into_the_module():
     class Scale(torch.nn.Module):
         def __init__(self):
