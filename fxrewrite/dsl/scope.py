@@ -136,7 +136,9 @@ def state_change(name: str) -> str | None:
 
     >>> state_change("set_grad_enabled")  # doctest: +ELLIPSIS
     'set_* functions set process-wide state such as ...'
-    >>> state_change("neg") is None and state_change("is_grad_enabled") is None
+    >>> state_change("graphsafe_set_state")
+    "it changes the random number generator's state"
+    >>> state_change("neg") is None and state_change("is_grad_enabled") is None and state_change("initial_seed") is None
     True
     """
     if name in _STATE_NAMES:
@@ -146,6 +148,8 @@ def state_change(name: str) -> str | None:
     for prefix, why in _STATE_PREFIXES.items():
         if name.startswith(prefix):
             return why
+    if "set_state" in name or ("seed" in name and name != "initial_seed"):
+        return "it changes the random number generator's state"
     if "register" in name:
         return "it registers something process-wide (a hook, a handler, a type) that stays behind"
     if name.endswith("Guard"):

@@ -51,6 +51,8 @@ STATE_CHANGING_CALLS = [
     ("torch.random.fork_rng", ""),
     ("torch.set_rng_state", "torch.ones(2)"),
     ("torch.default_generator.manual_seed", "0"),
+    ("torch.default_generator.graphsafe_set_state", "torch.default_generator"),
+    ("torch.Generator.set_state", "torch.default_generator, torch.ones(2)"),
     ("nn.modules.module.register_module_forward_hook", "torch.neg"),
     ("nn.modules.module.register_module_forward_pre_hook", "torch.neg"),
     ("nn.modules.module.register_module_full_backward_hook", "torch.neg"),
