@@ -20,6 +20,7 @@ from __future__ import annotations
 from .analysis import Finding, analyze
 from .compat import replace_pattern, replace_pattern_with_filters
 from .errors import (
+    ArgumentError,
     DidNotConverge,
     FxRewriteError,
     MetadataError,
@@ -41,6 +42,7 @@ from .rule import Rule, RuleSet, rule
 
 __all__ = [
     "Accept",
+    "ArgumentError",
     "DidNotConverge",
     "Explanation",
     "Finding",

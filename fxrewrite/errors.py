@@ -11,6 +11,7 @@ meaning fits, so ``except ValueError`` keeps working for callers who do not know
      │    └── DidNotConverge                    the rewrite budget ran out (rules undo each other)
      ├── MetadataError         (LookupError)    a guard needs shapes/dtypes the graph does not carry
      ├── TargetError           (ValueError)     a model given to the CLI cannot be imported, built or traced
+     ├── ArgumentError         (TypeError, ValueError)  a public function got an argument it cannot use
      └── NotEquivalent         (AssertionError) a rewrite changed what the program computes
 
 Warnings: :class:`RuleWarning` (a ``UserWarning``) flags a rule that is probably wrong but
@@ -22,6 +23,7 @@ Messages say what happened, where (rule name and ``file:line``, graph node) and 
 from __future__ import annotations
 
 __all__ = [
+    "ArgumentError",
     "DidNotConverge",
     "FxRewriteError",
     "MetadataError",
@@ -72,6 +74,12 @@ class MetadataError(FxRewriteError, LookupError):
 
 class TargetError(FxRewriteError, ValueError):
     """A model named on the command line cannot be imported, built, traced or exported."""
+
+
+class ArgumentError(FxRewriteError, TypeError, ValueError):
+    """A public function was called with an argument it cannot use; the message names the
+    argument, what it got and what it takes. Also a ``TypeError`` and a ``ValueError``, so
+    callers catching either keep working."""
 
 
 class NotEquivalent(FxRewriteError, AssertionError):

@@ -39,7 +39,7 @@ import torch.fx as fx
 from torch.fx.node import Node
 
 from .canon import alias_class, is_written, op_key_of, same_literal
-from .errors import DidNotConverge, FxRewriteError, RewriteError
+from .errors import ArgumentError, DidNotConverge, FxRewriteError, RewriteError
 from .index import OpIndex
 from .match import Match, match_at, node_position
 from .meta import propagate_inputs
@@ -98,6 +98,8 @@ def rewrite(
     :class:`NotEquivalent` names the first rewrite (rule, origin, graph node) that changed the
     result.
     """
+    _check_arguments(inplace=inplace, max_rewrites=max_rewrites, example_inputs=example_inputs, debug=debug,
+                     on_progress=on_progress, check_inputs=check_inputs)
     ruleset = as_ruleset(rules)
     if check_inputs is not None:
         return _checked_rewrite(target, ruleset, check_inputs, inplace=inplace, max_rewrites=max_rewrites,
@@ -134,6 +136,32 @@ def rewrite(
     report = Report({r.name: driver.tallies[r.name].freeze() for r in ruleset}, driver.rewrites,
                     time.perf_counter() - started, driver.last_rewrite)
     return RewriteResult(gm, report)
+
+
+def _check_arguments(*, inplace: Any, max_rewrites: Any, example_inputs: Any, debug: Any, on_progress: Any,
+                     check_inputs: Any) -> None:
+    """``rewrite``'s options, checked before anything is traced: an :class:`ArgumentError` names
+    the argument, what it got and what it takes."""
+    def refuse(name: str, got: Any, takes: str) -> ArgumentError:
+        return ArgumentError(f"rewrite(): {name}= takes {takes}, got {got!r} ({type(got).__name__}).")
+
+    if not isinstance(inplace, bool):
+        raise refuse("inplace", inplace, "True or False")
+    if debug is not None and not isinstance(debug, bool):
+        raise refuse("debug", debug, "True, False or None")
+    if max_rewrites is not None and (not isinstance(max_rewrites, int) or isinstance(max_rewrites, bool)
+                                     or max_rewrites < 0):
+        raise refuse("max_rewrites", max_rewrites, "a number of rewrites >= 0, or None for the default")
+    if on_progress is not None and not callable(on_progress):
+        raise refuse("on_progress", on_progress, "a function on_progress(rewrites, queued), or None")
+    if example_inputs is not None and not isinstance(example_inputs, (tuple, list)):
+        raise refuse("example_inputs", example_inputs, "a tuple of the forward() arguments, e.g. (x,)")
+    if check_inputs is not None:
+        cases = check_inputs if isinstance(check_inputs, list) else [check_inputs]
+        for case in cases:
+            if not isinstance(case, tuple) or not any(isinstance(v, torch.Tensor) for v in case):
+                raise refuse("check_inputs", check_inputs, "a tuple of forward() arguments with at least one tensor, "
+                                                           "e.g. (torch.randn(2, 3),), or a list of such tuples")
 
 
 def _checked_rewrite(target: Any, ruleset: RuleSet, check_inputs: Sequence[Any], *, inplace: bool,

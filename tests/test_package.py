@@ -10,6 +10,7 @@ import fxrewrite
 
 PUBLIC = [
     "Accept",
+    "ArgumentError",
     "DidNotConverge",
     "Explanation",
     "Finding",

@@ -7,6 +7,7 @@ import cProfile
 import math
 import operator
 import pstats
+import re
 
 import pytest
 import torch
@@ -510,3 +511,22 @@ def test_check_inputs_names_the_first_rewrite_that_changes_the_result():
 def test_check_inputs_passes_sound_rewrites_and_accepts_several_calls():
     result = rewrite(StackedRelu(), RELU_RELU, check_inputs=[(torch.randn(3),), (torch.randn(2, 2),)])
     assert result.report.applied["relu_relu"] == 4
+
+
+@pytest.mark.parametrize("name, value, fragment", [
+    ("check_inputs", ("str",), "check_inputs= takes a tuple of forward() arguments"),
+    ("check_inputs", torch.ones(2), "check_inputs= takes"),
+    ("max_rewrites", -1, "max_rewrites= takes a number of rewrites >= 0"),
+    ("max_rewrites", 2.5, "max_rewrites= takes"),
+    ("inplace", "yes", "inplace= takes True or False"),
+    ("example_inputs", torch.ones(2), "example_inputs= takes a tuple"),
+    ("on_progress", 3, "on_progress= takes a function"),
+    ("debug", "on", "debug= takes True, False or None"),
+])
+def test_a_bad_argument_is_an_argument_error_naming_it(name, value, fragment):
+    from fxrewrite import ArgumentError
+
+    rule = Rule.from_functions(lambda x: torch.neg(torch.neg(x)), lambda x: x, name="neg_neg")
+    with pytest.raises(ArgumentError, match=re.escape(fragment)) as info:
+        rewrite(lambda a: torch.neg(torch.neg(a)), rule, **{name: value})
+    assert isinstance(info.value, TypeError) and isinstance(info.value, ValueError)
