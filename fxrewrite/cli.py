@@ -142,7 +142,8 @@ def cmd_list(args: argparse.Namespace, out: TextIO) -> int:
     for r in rules:
         print(f"{r.name}  [priority {r.priority}]  {_shown_origin(r.origin, roots)}\n    {r.doc or '(no doc)'}",
               file=out)
-    print(f"{len(rules)} rule(s)", file=out)
+    where = "" if args.paths else f" (the standard library, in {roots[0][0]})"
+    print(f"{len(rules)} rule(s){where}", file=out)
     return 0
 
 

@@ -312,8 +312,9 @@ def test_list_shows_origins_relative_to_the_rules_directory_for_py_and_fxr(proje
     origins = [line.split("  ")[-1] for line in out.splitlines() if "[priority" in line]
     assert origins == ["my_rules/neg.fxr:1", "my_rules/neg.fxr:4", "my_rules/wide.py:5"]
     code, out, _ = run("list")
-    first = next(line for line in out.splitlines() if "[priority" in line)
-    assert not first.split("  ")[-1].startswith("/") and str(ROOT) not in out
+    origins = [line.split("  ")[-1] for line in out.splitlines() if "[priority" in line]
+    assert origins and all(not o.startswith("/") and str(ROOT) not in o for o in origins)
+    assert out.splitlines()[-1] == f"{len(origins)} rule(s) (the standard library, in {ROOT / 'rules'})"
 
 
 def test_list_into_a_closed_pipe_is_not_an_error():
