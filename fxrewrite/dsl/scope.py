@@ -207,9 +207,9 @@ class Scope:
             roots[name] = _Root(value, True, f"names[{name!r}]")
         scope = cls(roots)
         if file is not None:
-            for use in file.uses:
-                scope = scope._with_use(use, file.source)
-        return scope
+            for use in file.uses:  # each alias is added to the one dict: linear in the number of use lines
+                roots[use.alias] = scope._use(use, file.source)
+        return cls(types.MappingProxyType(roots))
 
     def __contains__(self, name: object) -> bool:
         return name in self.roots
@@ -244,7 +244,8 @@ class Scope:
             value = step(value, attr, path[:i], root.trusted, i)
         return value
 
-    def _with_use(self, use: ast.Use, src: ast.SourceText) -> Scope:
+    def _use(self, use: ast.Use, src: ast.SourceText) -> _Root:
+        """What the alias of a use line stands for, checked like any path from a rule file."""
         where = f"use line 'use {'.'.join(use.path)} as {use.alias}'"
         check_new_name(src, use.span, use.alias, what="an alias", scope=self, context=where)
         if use.path[0] not in self.roots:
@@ -259,9 +260,7 @@ class Scope:
         if value is DEFERRED:
             raise located_error(src, use.path_span, f"{where}: '{'.'.join(use.path)}' does not exist; register "
                                                     f"the op before loading the file, or call it by its full path.")
-        root = self.roots[use.path[0]]
-        roots = {**self.roots, use.alias: _Root(value, root.trusted, ".".join(use.path))}
-        return Scope(roots)
+        return _Root(value, self.roots[use.path[0]].trusted, ".".join(use.path))
 
 
 def _checked_names(names: Mapping[str, Any] | None) -> Mapping[str, Any]:

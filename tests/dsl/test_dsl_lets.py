@@ -195,3 +195,20 @@ def test_containers_nested_through_lets_stay_bounded(let, expected, monkeypatch)
     with counted_steps(monkeypatch, budget=10_000):
         message = refused(text)
     assert expected in message and "lets.fxr:" in message
+
+
+def test_use_lines_are_added_to_one_scope_not_copied_per_line(monkeypatch):
+    """Each use line used to copy the whole scope (quadratic in the number of use lines)."""
+    from fxrewrite.dsl import scope as dsl_scope
+
+    built = []
+    original = dsl_scope.Scope.__init__
+
+    def counting(self, *args, **kwargs):
+        built.append(1)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(dsl_scope.Scope, "__init__", counting)
+    text = "".join(f"use torch.neg as n{i}\n" for i in range(300)) + "rule r:\n    n299(x) + 1 => x\n"
+    (rule,) = parse_rules(text)
+    assert rule.compiled.anchor.target is not None and len(built) <= 2
