@@ -5,7 +5,7 @@ A command line names a model as ``path/to/file.py:NAME`` or ``package.module:NAM
 
 ``NAME`` is an ``nn.Module`` instance, an ``nn.Module`` class (built with no arguments) or a
 factory function returning a module. The same file may define ``example_inputs()`` returning
-the tuple of inputs to call the model with (used by ``--check`` and ``--export``).
+the tuple of inputs to call the model with (used by ``--check``, ``--shapes`` and ``--export``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,13 @@ class Target:
 
 
 def load_target(spec: str) -> Target:
-    """Import and build the model named by ``spec``."""
+    """Import and build the model named by ``spec``. A file is imported under a name of its own,
+    with its directory on ``sys.path`` while it runs (:func:`fxrewrite.loader.import_file`).
+
+    >>> target = load_target("torch.nn:ReLU")
+    >>> type(target.model).__name__, target.example_inputs
+    ('ReLU', None)
+    """
     location, sep, name = spec.rpartition(":")
     if not sep or not location or not name:
         raise TargetError(
