@@ -68,7 +68,8 @@ class _Logits(torch.nn.Module):
 
 def tiny(layers: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     """The hand-written GPT-style decoder of example 08."""
-    spec = importlib.util.spec_from_file_location("bench_example_08", ROOT / "examples" / "08_rules_in_torch_compile.py")
+    path = ROOT / "examples" / "08_rules_in_torch_compile.py"
+    spec = importlib.util.spec_from_file_location("bench_example_08", path)
     example = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = example
     spec.loader.exec_module(example)
@@ -131,7 +132,8 @@ def show(rows: list[dict[str, Any]]) -> None:
         per_graph = r["pass"] / r["graphs"] * 1e3 if r["graphs"] else 0.0
         to_compile = f"{r['pass'] / r['compile']:.2%}" if r["graphs"] else "-"
         to_patterns = f"{r['pass'] / r['patterns']:.2f}x" if r["graphs"] and r["patterns"] else "-"
-        print(f"{r['stage']:<15} {r['compile']:>10.2f} {r['graphs']:>6} {per_graph:>14.1f} {r['patterns'] * 1e3:>21.1f} "
+        print(f"{r['stage']:<15} {r['compile']:>10.2f} {r['graphs']:>6} {per_graph:>14.1f} "
+              f"{r['patterns'] * 1e3:>21.1f} "
               f"{to_compile:>13} {to_patterns:>14} {r['rewrites']:>9}")
     for r in rows[1:]:
         print(f"  {r['stage']}: fired {r['fired'] or 'nothing'}")
@@ -139,7 +141,8 @@ def show(rows: list[dict[str, Any]]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", choices=("hf", "tiny"), default="hf", help="GPT-2 from transformers, or example 08's")
+    parser.add_argument("--model", choices=("hf", "tiny"), default="hf",
+                        help="GPT-2 from transformers, or example 08's decoder")
     parser.add_argument("--layers", type=int, default=2, help="transformer blocks (GPT-2 small has 12)")
     parser.add_argument("--seq", type=int, default=64, help="tokens per sequence (GPT-2 only)")
     parser.add_argument("--stages", type=lambda s: s.split(","), default=["pre_grad", "post_grad"],

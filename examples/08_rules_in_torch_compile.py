@@ -26,7 +26,6 @@ import math
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import fxrewrite

@@ -33,6 +33,7 @@ import hashlib
 import inspect
 import logging
 import operator
+import os
 import re
 import time
 import types
@@ -163,8 +164,10 @@ class RulePass(CustomGraphPass):
         return f"<fxrewrite pass {self.stage} rules={list(self.rules.names)}>"
 
 
-def inductor_pass(rules: RulesLike, *, stage: str = "post_grad", max_rewrites: int | None = None) -> RulePass:
+def inductor_pass(rules: RulesLike | str | os.PathLike[str], *, stage: str = "post_grad",
+                  max_rewrites: int | None = None) -> RulePass:
     """The rule set as a ``CustomGraphPass`` for Inductor's ``stage`` (see :data:`STAGES`).
+    ``rules`` is a rule, a rule set, or the path of a rules file or directory.
 
     Install it with ``torch.compile(model, options=pass_.options)`` or
     ``torch._inductor.config.patch(pass_.options)``; two passes at one stage go in a list
@@ -175,7 +178,16 @@ def inductor_pass(rules: RulesLike, *, stage: str = "post_grad", max_rewrites: i
             f"inductor_pass(stage={stage!r}): unknown stage; use one of {', '.join(map(repr, STAGES))} "
             f"('post_grad' is the ATen graph Inductor lowers, 'pre_grad' Dynamo's torch-level graph)."
         )
-    return RulePass(as_ruleset(rules), stage, max_rewrites)
+    return RulePass(_ruleset(rules), stage, max_rewrites)
+
+
+def _ruleset(rules: RulesLike | str | os.PathLike[str]) -> RuleSet:
+    """Rules, or the path of a rules file or directory to load them from."""
+    if isinstance(rules, (str, os.PathLike)):
+        from .loader import load_rules
+
+        return load_rules(rules)
+    return as_ruleset(rules)
 
 
 def compile_options(*passes: CustomGraphPass | Callable[[fx.Graph], None], stage: str | None = None) -> dict[str, Any]:
@@ -256,7 +268,8 @@ def _decompose(graph: fx.Graph, node: Node) -> None:
 
     def call(*tensors: Any) -> Any:
         it = iter(tensors)
-        args, kwargs = torch.utils._pytree.tree_unflatten([next(it) if isinstance(a, Node) else a for a in leaves], spec)
+        filled = [next(it) if isinstance(a, Node) else a for a in leaves]
+        args, kwargs = torch.utils._pytree.tree_unflatten(filled, spec)
         return node.target(*args, **kwargs)
 
     try:
@@ -332,11 +345,12 @@ class RuleBackend:
         return f"<fxrewrite backend rules={list(self.rules.names)} then={self.then_name}>"
 
 
-def backend(rules: RulesLike, *, then: str | Callable[..., Any] = "inductor",
+def backend(rules: RulesLike | str | os.PathLike[str], *, then: str | Callable[..., Any] = "inductor",
             max_rewrites: int | None = None) -> RuleBackend:
     """A ``torch.compile`` backend that rewrites each graph Dynamo captures with ``rules`` and
     then hands it to ``then``: ``"inductor"``, ``"eager"``, another registered backend name, or
-    a backend callable ``(gm, example_inputs) -> callable``.
+    a backend callable ``(gm, example_inputs) -> callable``. ``rules`` is a rule, a rule set, or
+    the path of a rules file or directory.
 
     ``torch.compile(model, backend=fxrewrite.backend(rules))``; ``.report`` sums up every graph.
     """
@@ -351,13 +365,13 @@ def backend(rules: RulesLike, *, then: str | Callable[..., Any] = "inductor",
                 f"({type(exc).__name__}); use 'inductor', 'eager', one of torch._dynamo.list_backends(), or "
                 f"pass a backend function."
             ) from exc
-        return RuleBackend(as_ruleset(rules), compiler, then, max_rewrites)
+        return RuleBackend(_ruleset(rules), compiler, then, max_rewrites)
     if not callable(then):
         raise RewriteError(
             f"backend(then={then!r}): expected a backend name or a callable (gm, example_inputs) -> callable, "
             f"got a {type(then).__name__}."
         )
-    return RuleBackend(as_ruleset(rules), then, getattr(then, "__name__", repr(then)), max_rewrites)
+    return RuleBackend(_ruleset(rules), then, getattr(then, "__name__", repr(then)), max_rewrites)
 
 
 # ---- the content hash -------------------------------------------------------------------------
@@ -438,7 +452,7 @@ class _Hasher:
     def _all(self, items: Iterable[Any], depth: int) -> list[bytes]:
         return [self.of(i, depth) for i in items]
 
-    def _parts(self, obj: Any, depth: int) -> list[bytes]:  # noqa: C901 - one branch per kind of value
+    def _parts(self, obj: Any, depth: int) -> list[bytes]:  # one branch per kind of value
         if isinstance(obj, Rule):
             return self._rule(obj, depth)
         if isinstance(obj, RuleSet):

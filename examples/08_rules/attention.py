@@ -24,5 +24,5 @@ def masked_attention(q, k, v, mask, s: float):
 
 
 @masked_attention.replacement
-def masked_attention(q, k, v, mask, s: float):  # noqa: F811 - the decorator turns the pair into one Rule
+def masked_attention(q, k, v, mask, s: float):  # the decorator turned the pattern into a RuleBuilder
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=s)
