@@ -6,6 +6,8 @@ import logging
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 import torch.nn.modules.module as module_globals
 
 import fxrewrite
@@ -189,3 +191,24 @@ def test_a_pattern_that_fails_to_trace_after_changing_state_changes_nothing():
     with pytest.raises(fxrewrite.RuleDefinitionError):
         fxrewrite.Rule.from_functions(pattern, _identity, name="broken")
     assert torch.get_default_dtype() == torch.float32
+
+
+# ---- fuzzed: any mix of state changes in a Python rule's pattern leaves nothing behind --------------
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.sampled_from(CHANGES), min_size=1, max_size=6), st.booleans())
+def test_any_mix_of_state_changes_in_a_pattern_leaves_global_state_as_it_was(rows, fails):
+    before = [(what, read()) for what, _, read in rows]
+
+    def pattern(x):
+        for _, change, _ in rows:
+            change()
+        if fails:
+            raise RuntimeError("the pattern fails after changing state")
+        return torch.relu(torch.neg(x))
+
+    try:
+        fxrewrite.Rule.from_functions(pattern, _identity, name="leaky")
+    except fxrewrite.RuleDefinitionError:
+        assert fails
+    assert [(what, read()) for what, _, read in rows] == before
