@@ -275,11 +275,15 @@ class _Search:
             self.failed = True
             raise _UNSOUND_BY_KIND[counterexample.kind](counterexample)
 
-    def run(self, plan: InputPlan, max_examples: int, seed: int | None) -> None:
+    def run(self, plan: InputPlan, max_examples: int, seed: int | None, *, give_up_when_filtered: bool = False) -> None:
+        """Search; ``give_up_when_filtered`` ends it (``FailedHealthCheck``) when the first 50
+        draws hold fewer than 10 accepted inputs, instead of drawing until Hypothesis' own limit
+        (up to ~1000 draws for a focus the guards mostly reject)."""
         test = given(plan.strategy())(self.body)
+        checks = [c for c in HealthCheck if not (give_up_when_filtered and c == HealthCheck.filter_too_much)]
         test = settings(
             max_examples=max_examples, deadline=None, database=None, derandomize=seed is None,
-            suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet, report_multiple_bugs=True,
+            suppress_health_check=checks, verbosity=Verbosity.quiet, report_multiple_bugs=True,
             print_blob=False, phases=(Phase.explicit, Phase.generate, Phase.shrink),
         )(test)
         if seed is not None:
@@ -378,9 +382,9 @@ def _focused_search(context: _Context, plan: InputPlan, examples: int, searches:
     search = _Search(context.rule, context.tolerance)
     searches.append(search)
     try:
-        search.run(plan, examples, context.seed)
+        search.run(plan, examples, context.seed, give_up_when_filtered=True)
     except (Unsatisfiable, FailedHealthCheck):
-        pass  # the focus admits no input: nothing to learn here
+        pass  # the focus admits (almost) no input: little to learn here, and drawing is the cost
 
 
 def _examples(searches: Sequence[_Search]) -> int:
