@@ -197,7 +197,8 @@ def _set_autocast_cpu(state: tuple[bool, torch.dtype]) -> None:
 
 def _items() -> tuple[_Item, ...]:
     """Everything preserved, in the order it is restored (modes and inference mode before grad
-    mode, which leaving inference mode may change)."""
+    mode, which leaving inference mode may change). Private torch functions are looked up
+    when called, so a torch release that moves one loses that item only (logged), not the rest."""
     return (
         _Item("torch function modes (default device)", _function_modes, _set_function_modes, same=_same_modes),
         _Item("default device", _default_device_slot, _set_default_device_slot, same=lambda a, b: a is b),
@@ -213,7 +214,8 @@ def _items() -> tuple[_Item, ...]:
         _Item("float32 matmul precision", torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
         _Item("warn_always", torch.is_warn_always_enabled, torch.set_warn_always),
         _Item("CPU autocast", _autocast_cpu, _set_autocast_cpu),
-        _Item("autograd multithreading", torch._C._is_multithreading_enabled, torch._C._set_multithreading_enabled),
+        _Item("autograd multithreading", lambda: torch._C._is_multithreading_enabled(),
+              lambda enabled: torch._C._set_multithreading_enabled(enabled)),
         _Item("random seed", _seed_and_state, _reseed, same=lambda a, b: a[0] == b[0]),
         *(_hook_item(name) for name in _hook_dict_names()),
         _global_value_item("_global_is_full_backward_hook"),
