@@ -42,6 +42,8 @@ CHANGES = [
     ("random seed", lambda: torch.manual_seed(1234),
      lambda: (torch.initial_seed(), torch.get_rng_state().sum().item())),
     ("random seed by seed()", torch.seed, torch.initial_seed),
+    ("autograd multithreading", lambda: torch.autograd.set_multithreading_enabled(False),
+     lambda: torch._C._is_multithreading_enabled()),
     ("global forward hook", lambda: module_globals.register_module_forward_hook(_hook),
      lambda: dict(module_globals._global_forward_hooks)),
     ("global forward pre-hook", lambda: module_globals.register_module_forward_pre_hook(lambda m, a: None),
