@@ -129,6 +129,7 @@ _STATE_MODULES: Mapping[str, str] = types.MappingProxyType({
 _ALLOWED_ORIGINS = frozenset({"torch", "math", "operator", "_operator"})
 _PLAIN_DATA = (int, float, complex, str, bytes, bool, type(None))
 _BUILTIN_OP_NAMESPACES = frozenset({"aten", "prims"})
+_OP_NAMESPACE = type(torch.ops.aten)  # torch.ops.<namespace>, without naming a private class
 
 
 def state_change(name: str) -> str | None:
@@ -232,7 +233,7 @@ class Scope:
         root = self.roots[path[0]]
         value = root.value
         for i, attr in enumerate(path[1:], start=1):
-            if (defer_ops and isinstance(value, torch._ops._OpNamespace)
+            if (defer_ops and isinstance(value, _OP_NAMESPACE)
                     and value.name not in _BUILTIN_OP_NAMESPACES):
                 try:
                     value = step(value, attr, path[:i], root.trusted, i)
@@ -309,7 +310,7 @@ def _refuse_value(value: Any, dotted: str, index: int) -> None:
     """Refuse a value by what it is, whatever name it was reached under."""
     if not reachable(value):
         raise PathError(index, _out_of_bounds(dotted))
-    if callable(value) and not isinstance(value, (type(torch), torch._ops._OpNamespace)):
+    if callable(value) and not isinstance(value, (types.ModuleType, _OP_NAMESPACE)):
         name = getattr(value, "__name__", None)
         why = state_change(name) if isinstance(name, str) and name not in _STATE_MODULES else None
         if why is not None:
