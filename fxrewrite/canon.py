@@ -807,7 +807,31 @@ def _function_kind(node: Node, seen: dict[Node, ResultKind]) -> ResultKind:
     return _schema_kind(node)
 
 
+_schema_kinds: dict[Hashable, ResultKind] = {}
+
+
+def _layout(value: Any) -> Hashable:
+    """What overload resolution looks at in an argument: its type, not its value (a list by its
+    elements' types), except for flags and names."""
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_layout(v) for v in value))
+    if value is None or isinstance(value, (bool, str, torch.dtype)):
+        return (type(value).__name__, value)  # flags (inplace=True) change what the call is
+    return type(value).__name__
+
+
 def _schema_kind(node: Node) -> ResultKind:
+    try:
+        key = (node.op, node.target, _layout(node.args), tuple((k, _layout(v)) for k, v in node.kwargs.items()))
+        return _schema_kinds[key]
+    except KeyError:
+        kind = _schema_kinds[key] = _schema_kind_uncached(node)
+        return kind
+    except TypeError:  # an unhashable target
+        return _schema_kind_uncached(node)
+
+
+def _schema_kind_uncached(node: Node) -> ResultKind:
     found = aten_overload(node.op, node.target, node.args, node.kwargs)
     if found is None:
         return "unknown"

@@ -19,9 +19,10 @@ import dis
 import inspect
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from typing import Any
 
+import attrs
 import torch
 import torch.fx as fx
 from torch.fx.node import Node
@@ -61,13 +62,16 @@ class _ValueProxy(fx.Proxy):
         val = self._value()
         if isinstance(val, torch.Tensor) and not name.startswith("__"):
             if name in CONCRETE_ATTRIBUTES and _concrete(getattr(val, name)):
+                self.tracer.read_metadata = True  # type: ignore[attr-defined]
                 return getattr(val, name)
             if name in CONCRETE_METHODS:
+                self.tracer.read_metadata = True  # type: ignore[attr-defined]
                 return _ConcreteMethod(self, name, getattr(val, name))
         return super().__getattr__(name)
 
     def __len__(self) -> int:
         val = self._value()
+        self.tracer.read_metadata = True  # type: ignore[attr-defined]
         if isinstance(val, (tuple, list)):
             return len(val)
         if isinstance(val, torch.Tensor) and val.dim() and _concrete(val.shape[0]):
@@ -122,6 +126,10 @@ class _ReplacementTracer(fx.Tracer):
         self._stack_trace = ""
         self.aten = False
         self.annotate = False
+        #: Set when the replacement read a matched value's metadata or called a module: its graph
+        #: may then differ from match to match, so it is not replayed.
+        self.read_metadata = False
+        self.called_module = False
 
     def begin(self, rule: Rule, aten: bool, annotate: bool = False) -> None:
         self.rule = rule
@@ -129,6 +137,7 @@ class _ReplacementTracer(fx.Tracer):
         self.annotate = annotate
         self.created = []
         self.new_attributes = []
+        self.read_metadata = self.called_module = False
         file, _, line = rule.origin.rpartition(":")
         summary = f"fxrewrite rule {rule.name}" + (f": {rule.doc}" if rule.doc else "")
         self._stack_trace = (
@@ -170,7 +179,17 @@ class _ReplacementTracer(fx.Tracer):
             self._tensor_paths[id(tensor)] = path
         return path
 
+    def replay_node(self, kind: str, target: Any, args: Any, kwargs: Any) -> Node:
+        """Record a node of a replayed replacement: as :meth:`create_node` would, its ATen
+        spelling already decided."""
+        node = fx.Tracer.create_node(self, kind, target, args, kwargs)
+        node.meta["stack_trace"] = self._stack_trace
+        node.meta["fxrewrite_rule"] = self.rule.name if self.rule else None
+        self.created.append(node)
+        return node
+
     def module_call(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> fx.Proxy:
+        self.called_module = True
         path = self._module_paths.get(id(module))
         if path is None:
             path = self._fresh_name(type(module).__name__.lower())
@@ -255,6 +274,72 @@ def _module_call(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     return _ModuleCalls._original(module, *args, **kwargs)
 
 
+#: Replay replacements from a recorded template instead of calling them again (see :class:`_Template`).
+REPLAY = True
+
+
+@attrs.frozen
+class _Slot:
+    """In a template, the value bound to the pattern parameter ``name``."""
+
+    name: str
+
+
+@attrs.frozen
+class _Made:
+    """In a template, the ``index``-th node the replacement created."""
+
+    index: int
+
+
+@attrs.frozen
+class _Template:
+    """A replacement's recorded graph: the nodes it made (arguments refer to bound values and
+    earlier nodes) and which values it returned. Replaying it splices the same nodes as calling
+    the replacement again would, without running Python and ``__torch_function__`` per match.
+
+    Only replacements that depend on nothing but their arguments are replayed: the template is
+    keyed by the rule, the graph's level, and the literal captures' values; a replacement that
+    read a matched value's shape or dtype, called a module or made a tensor constant is always
+    called; and a template is used only after a second call recorded the very same graph.
+    """
+
+    nodes: tuple[tuple[str, Any, Any, Any], ...]
+    outputs: tuple[Any, ...]
+
+    @classmethod
+    def record(cls, match: Match, created: list[Node], outputs: list[Node]) -> _Template | None:
+        slots = {v: _Slot(k) for k, v in match.bindings.items() if isinstance(v, Node)}
+        made = {n: _Made(i) for i, n in enumerate(created)}
+
+        def symbolic(value: Any) -> Any:
+            if isinstance(value, Node):
+                return made.get(value) or slots.get(value) or _UNKNOWN
+            return value
+
+        nodes = tuple((n.op, n.target, fx.node.map_aggregate(n.args, symbolic), fx.node.map_aggregate(n.kwargs, symbolic))
+                      for n in created)
+        template = cls(nodes, tuple(symbolic(o) for o in outputs))
+        leaves = torch.utils._pytree.tree_leaves((template.nodes, template.outputs))
+        return None if any(leaf is _UNKNOWN for leaf in leaves) else template
+
+    def replay(self, match: Match, tracer: _ReplacementTracer) -> list[Node]:
+        made: list[Node] = []
+
+        def concrete(value: Any) -> Any:
+            if isinstance(value, _Slot):
+                return match.bindings[value.name]
+            return made[value.index] if isinstance(value, _Made) else value
+
+        for op, target, args, kwargs in self.nodes:
+            made.append(tracer.replay_node(op, target, fx.node.map_aggregate(args, concrete),
+                                           fx.node.map_aggregate(kwargs, concrete)))
+        return [concrete(o) for o in self.outputs]
+
+
+_UNKNOWN = object()  # a node the replacement read that is neither bound nor its own: never replayed
+
+
 class Splicer:
     """Splices replacements into one GraphModule; use it as a context manager around a
     ``rewrite`` call.
@@ -269,6 +354,9 @@ class Splicer:
         self._previous: Any = None
         #: The nodes standing for the pattern's outputs after the last splice.
         self.last_outputs: list[Node] = []
+        #: Per template key: the template of the first call, then (once a second call recorded the
+        #: same) the confirmed template, or None when the replacement cannot be replayed.
+        self._templates: dict[Hashable, tuple[_Template | None, bool]] = {}
 
     def __enter__(self) -> Splicer:
         self._previous = _ModuleCalls.enter(self.tracer)
@@ -292,10 +380,15 @@ class Splicer:
         annotated = has_values(match.bindings.values()) and all(result_kind(o) != "value" for o in match.outputs)
         tracer.begin(rule, aten=any(isinstance(n.target, torch._ops.OpOverload) for n in match.nodes),
                      annotate=annotated)
+        key = _template_key(rule, match, tracer) if REPLAY else None
+        known = self._templates.get(key) if key is not None else None
         try:
             with self.gm.graph.inserting_before(point):
-                result = rule.replacement(**_arguments(match, tracer))
-                new_outputs = _output_nodes(result, match, rule, tracer)
+                if known is not None and known[1] and known[0] is not None:
+                    new_outputs = known[0].replay(match, tracer)
+                else:
+                    result = rule.replacement(**_arguments(match, tracer))
+                    new_outputs = _output_nodes(result, match, rule, tracer)
                 _refuse_input_mutation(match, rule, tracer.created)
             if annotated:
                 propagate_values(self.gm, tracer.created)
@@ -307,10 +400,45 @@ class Splicer:
                 raise
             raise RewriteError(f"{_where(rule, match)}: the replacement raised {type(exc).__name__}: {exc}. The graph "
                                f"was left as it was before this rewrite; {_fix_for(exc, annotated)}") from exc
+        if key is not None and (known is None or not known[1]):
+            self._learn(key, known, match, tracer, new_outputs)
         _rewire(match, new_outputs)
         _erase(self.gm.graph, match)
         self.last_outputs = new_outputs
         return tracer.created
+
+    def _learn(self, key: Hashable, known: tuple[_Template | None, bool] | None, match: Match,
+               tracer: _ReplacementTracer, outputs: list[Node]) -> None:
+        """After calling a replacement: remember its graph, and trust it for replay once a
+        second call recorded the same one."""
+        if tracer.read_metadata or tracer.called_module or tracer.new_attributes:
+            self._templates[key] = (None, True)  # depends on more than its arguments: always call it
+            return
+        template = _Template.record(match, tracer.created, outputs)
+        if known is None:
+            self._templates[key] = (template, False)
+        else:
+            same = template is not None and template == known[0]
+            self._templates[key] = (template, True) if same else (None, True)
+
+
+def _template_key(rule: Rule, match: Match, tracer: _ReplacementTracer) -> Hashable | None:
+    """What a replacement's recorded graph may depend on besides the bound tensors: the rule,
+    the graph's level and the literal captures' values (``None``: never replayed, e.g. a module
+    capture)."""
+    literals = []
+    for param in rule.compiled.params:
+        value = match.bindings[param.name]
+        if param.kind == "module":
+            return None
+        if param.kind == "literal":
+            literals.append((param.name, type(value), repr(value)))  # repr: -0.0 is not 0.0 here
+    try:
+        key = (rule.name, id(rule.replacement), tracer.aten, tracer.annotate, tuple(literals))
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def insertion_point(match: Match) -> Node | None:
@@ -379,11 +507,23 @@ def _check_created(match: Match, rule: Rule, created: list[Node]) -> None:
                     f"{_where(rule, match)}: the replacement's node '{node.name}' reads '{arg.name}', which is not a "
                     f"live value of this graph before it (a Proxy kept from another rewrite, or a node moved?). The "
                     f"graph was left as it was; compute everything from the replacement's own arguments.")
-        for value in torch.utils._pytree.tree_leaves((node.args, node.kwargs)):
+        for value in _constants((node.args, node.kwargs)):
             if isinstance(value, int) and not isinstance(value, bool) and not -_INT_LIMIT <= value < _INT_LIMIT:
                 raise RewriteError(
                     f"{_where(rule, match)}: the replacement passes the integer constant {_short(value)} to "
                     f"'{node.name}', beyond int64; no torch op takes it. The graph was left as it was.")
+
+
+def _constants(value: Any) -> Any:
+    """The non-node leaves of a node's arguments (tuples, lists and dicts walked)."""
+    if isinstance(value, (tuple, list)):
+        for v in value:
+            yield from _constants(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _constants(v)
+    elif not isinstance(value, Node):
+        yield value
 
 
 def _short(value: int) -> str:

@@ -38,7 +38,7 @@ import torch
 import torch.fx as fx
 from torch.fx.node import Node
 
-from .canon import alias_class, is_written, op_key_of, same_literal
+from .canon import alias_class, is_written, mutation, op_key_of, same_literal
 from .errors import ArgumentError, DidNotConverge, FxRewriteError, RewriteError
 from .index import OpIndex
 from .match import Match, match_at, node_position
@@ -298,6 +298,9 @@ class _Driver:
         self.modules: dict[str, torch.nn.Module] = dict(gm.named_modules()) if self.needs_modules else {}
         self.splicer = Splicer(gm, self.modules)
         self.mutation_cache: dict[Node, tuple[int, bool]] = {}
+        #: Does anything in the graph write in place? (Rewrites never add a write: replacements
+        #: writing into their inputs are refused.) Without writes, no match needs the alias walk.
+        self.graph_writes = any(mutation(n) is not None for n in self.graph.nodes)
         self.settled: dict[str, set[Node]] = {}
         self.seq = itertools.count()
         self.queues: dict[int, list[tuple[Any, int, Node]]] = {}
@@ -365,6 +368,8 @@ class _Driver:
         rewrite never adds an in-place write: replacements writing into inputs are refused, and
         matches whose outputs are written are never applied), so a widely used input is scanned
         once, not once per rewrite."""
+        if not self.graph_writes:
+            return False
         values = [v for v in match.bindings.values() if isinstance(v, Node)]
         for v in (*values, *match.outputs):
             cached = self.mutation_cache.get(v)

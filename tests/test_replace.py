@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.fx as fx
@@ -145,3 +147,106 @@ def test_debug_mode_lints_after_each_rewrite(monkeypatch):
     monkeypatch.setenv("FXREWRITE_DEBUG", "1")
     result = rewrite(traced(), neg_neg(lambda x: x))
     assert result.report.applied["neg_neg"] == 1
+
+
+# ---- replay: a replacement's recorded graph spliced again, instead of calling it per match -------------------------
+
+def _thrice(case):
+    """The case's program three times over, so each rule matches three times (the first call
+    records the replacement's graph, the second confirms it, the third is replayed)."""
+    import torch.nn as nn
+
+    program = case.model()
+    names = ", ".join(f"a{i}" for i in range(len(case.inputs())))
+    namespace: dict = {}
+    exec(f"def forward(self, {names}):\n    run = self.inner if self.inner is not None else self.program\n"
+         f"    return run({names}), run({names}), run({names})\n", namespace)
+
+    class Thrice(nn.Module):
+        forward = namespace["forward"]
+
+        def __init__(self):
+            super().__init__()
+            self.inner = program if isinstance(program, nn.Module) else None
+            self.program = None if isinstance(program, nn.Module) else program
+
+    return Thrice()
+
+
+def _spliced(result):
+    """Everything a splice decides: code, node names, targets, provenance and value metadata."""
+    nodes = []
+    for n in result.module.graph.nodes:
+        val = n.meta.get("val")
+        shape = (tuple(val.shape), val.dtype) if isinstance(val, torch.Tensor) else None
+        nodes.append((n.name, n.op, str(n.target), n.meta.get("stack_trace"), n.meta.get("fxrewrite_rule"), shape))
+    return result.code, nodes
+
+
+def test_replaying_a_replacement_splices_what_calling_it_again_would_on_the_whole_library(monkeypatch):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from test_stdlib import CASES, LIBRARY
+
+    import fxrewrite.replace as replace
+
+    replayed = 0
+    for name, case in sorted(CASES.items()):
+        rule, inputs = LIBRARY[name], case.inputs()
+        results = {}
+        torch.manual_seed(0)
+        original = _thrice(case)
+        for replay in (True, False):
+            monkeypatch.setattr(replace, "REPLAY", replay)
+            program = copy.deepcopy(original)
+            traced = torch.fx.symbolic_trace(program) if not case.shapes else program
+            results[replay] = rewrite(traced, rule, example_inputs=inputs)
+        assert results[True].report.applied == results[False].report.applied, name
+        assert _spliced(results[True]) == _spliced(results[False]), name
+        results[True].module.graph.lint()
+        torch.testing.assert_close(results[True].module(*inputs), results[False].module(*inputs), equal_nan=True)
+        replayed += results[True].report.applied[name] >= 3
+    assert replayed > 60  # most rules fired thrice, so most were replayed
+
+
+def test_a_replacement_with_state_is_not_replayed():
+    calls = []
+
+    def replacement(x):
+        calls.append(1)
+        return torch.relu(x) * len(calls)  # a different graph each call
+
+    rule = Rule.from_functions(lambda x: torch.neg(torch.neg(x)), replacement, name="stateful")
+
+    def fn(a):
+        return torch.neg(torch.neg(a)) + torch.neg(torch.neg(a * 2)) + torch.neg(torch.neg(a * 3))
+
+    result = rewrite(fn, rule)
+    assert len(calls) == 3  # the second call recorded another graph than the first: never replayed
+    assert "* 3" in result.code
+    a = torch.randn(4)
+    torch.testing.assert_close(result.module(a), torch.relu(a) * 1 + torch.relu(a * 2) * 2 + torch.relu(a * 3) * 3)
+
+
+def test_replay_calls_a_pure_replacement_twice_however_many_matches():
+    calls = []
+
+    def replacement(x):
+        calls.append(1)
+        return torch.relu(x) - torch.relu(-x)
+
+    rule = Rule.from_functions(lambda x: torch.neg(torch.neg(x)), replacement, name="pure")
+
+    def fn(a):
+        out = a
+        for k in range(10):
+            out = out + torch.neg(torch.neg(a * k))
+        return out
+
+    result = rewrite(fn, rule)
+    assert result.report.applied["pure"] == 10 and len(calls) == 2
+    result.module.graph.lint()
+    a = torch.randn(4)
+    torch.testing.assert_close(result.module(a), fn(a))
