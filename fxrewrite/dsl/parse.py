@@ -251,6 +251,8 @@ def _sentence(src: ast.SourceText, token: Token, expected: set[str]) -> str:
     if "where" in texts:
         return (f"expected a 'where' line or the end of the rule (a rule has one 'pattern => replacement' line, "
                 f"after its 'let' lines), found {found}.")
+    if bracket is not None and "," in texts and token.type in _OPERAND_TERMINALS:
+        return f"expected {_expected_phrase(expected)}, found {found}; is a ',' missing before it?"
     return f"expected {_expected_phrase(expected)}, found {found}."
 
 

@@ -212,6 +212,8 @@ def syntax_error(text: str) -> RuleSyntaxError:
     ("use torch.ops.mylib\n", (1, 20), "expected 'as' and an alias"),
     ("  torch.neg(x) => x\n", (1, 3), "expected a 'rule' or 'use' line starting at column 0"),
     ("rule a:\n    torch.relu(x => x\n", (2, 19), "the '(' at line 2, column 15 is never closed: expected ')' before '=>'."),
+    ("rule a:\n    torch.add(x y) => x\n", (2, 17),
+     "expected an operator, ')', ',' or '=', found the name 'y'; is a ',' missing before it?"),
     ("rule a:\n    torch.neg(x + (y * 2) => x\n", (2, 27),
      "the '(' at line 2, column 14 is never closed: expected ')' before '=>'."),
     ("rule a:\n    let t = torch.neg(x\n    t => t\n", (3, 5),
