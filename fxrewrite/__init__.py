@@ -17,8 +17,11 @@ def forward(self, a):
 
 from __future__ import annotations
 
-from .analysis import Finding, analyze
-from .compat import replace_pattern, replace_pattern_with_filters
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     ArgumentError,
     DidNotConverge,
@@ -32,13 +35,59 @@ from .errors import (
     RuleWarning,
     TargetError,
 )
-from .explain import Explanation, explain, find_matches
-from .loader import load_rules, parse_rules
-from .match import Match, TensorView
-from .pattern import Accept
-from .report import Report, RewriteResult, RuleStats
-from .rewrite import rewrite
-from .rule import Rule, RuleSet, rule
+
+if TYPE_CHECKING:
+    from .analysis import Finding, analyze
+    from .compat import replace_pattern, replace_pattern_with_filters
+    from .explain import Explanation, explain, find_matches
+    from .inductor import backend, inductor_pass
+    from .loader import load_rules, parse_rules
+    from .match import Match, TensorView
+    from .pattern import Accept
+    from .report import Report, RewriteResult, RuleStats
+    from .rewrite import rewrite
+    from .rule import Rule, RuleSet, rule
+
+# The public names of modules that import torch, imported on first use, so `fxrewrite --help`
+# and `import fxrewrite.errors` do not import torch (torch._inductor alone takes seconds).
+_LAZY = {
+    "Accept": "pattern",
+    "Explanation": "explain", "explain": "explain", "find_matches": "explain",
+    "Finding": "analysis", "analyze": "analysis",
+    "Match": "match", "TensorView": "match",
+    "Report": "report", "RewriteResult": "report", "RuleStats": "report",
+    "Rule": "rule", "RuleSet": "rule", "rule": "rule",
+    "backend": "inductor", "inductor_pass": "inductor",
+    "load_rules": "loader", "parse_rules": "loader",
+    "replace_pattern": "compat", "replace_pattern_with_filters": "compat",
+    "rewrite": "rewrite",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'fxrewrite' has no attribute '{name}'")
+    value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
+
+class _Package(types.ModuleType):
+    """Importing the submodules ``fxrewrite.rule``, ``.rewrite`` and ``.explain`` must not
+    replace the functions of the same name on the package (the import system sets a submodule
+    as an attribute of its parent)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and _LAZY.get(name) == name:
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 __all__ = [
     "Accept",
@@ -77,13 +126,3 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
-
-_LAZY = {"backend": "inductor", "inductor_pass": "inductor"}  # torch._inductor takes seconds to import
-
-
-def __getattr__(name: str) -> object:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    raise AttributeError(f"module 'fxrewrite' has no attribute '{name}'")

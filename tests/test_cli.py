@@ -144,9 +144,6 @@ def test_the_version_has_one_source():
     assert pyproject["tool"]["hatch"]["version"]["path"] == "fxrewrite/__init__.py"
 
 
-@pytest.mark.xfail(strict=True, reason="fxrewrite/__init__.py imports the whole library (and torch) eagerly; "
-                                       "cli.py imports torch only in its commands. Passes once __init__ loads "
-                                       "its names lazily (PEP 562 __getattr__).")
 def test_help_does_not_import_torch():
     script = ("import sys\nfrom fxrewrite.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
               "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))[:3])")
