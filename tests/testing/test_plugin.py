@@ -203,3 +203,12 @@ def test_a_module_importing_fxrewrite_in_an_indented_block_only_is_not_a_rule_mo
                                           "raise RuntimeError('must not be imported')\n")
     result = run(pytester, "rules", "--collect-only", "-q")
     assert "guarded.py" not in result.stdout.str() and result.ret == 0
+
+
+@pytest.mark.slow  # starts two worker interpreters: ~25 s
+@pytest.mark.filterwarnings("ignore:Benchmarks are automatically disabled")  # pytest-benchmark, when installed
+def test_rule_items_run_under_pytest_xdist(pytester, rules_dir):
+    pytest.importorskip("xdist")
+    result = run(pytester, "rules", "-p", "xdist", "-n", "2", "-v")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["*created: 2/2 workers*", "*FAILED rules/algebra.fxr::mul_zero*"])
