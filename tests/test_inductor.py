@@ -126,6 +126,29 @@ def test_replacement_branching_on_shape_and_dtype_runs_at_torch_and_aten_stages(
     assert rules.report.applied == {"silu_aligned": 1}
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "core (issue 10 section 2): with torch.compile(dynamic=True) the matched value's sizes are symbolic; "
+    "a replacement branching on x.shape[-1] gets fx Proxies and raises TraceError ('symbolically traced variables "
+    "cannot be used as inputs to control flow'), which fails the whole compile. Expected: the replacement sees "
+    "SymInts (bool() guards on the size hint, as Inductor's replace_by_example does) or the match is refused "
+    "with a reason; either way the compile succeeds and the numbers match."))
+@pytest.mark.parametrize("stage", ["pre_grad", "post_grad"])
+def test_replacement_branching_on_a_symbolic_size_under_dynamic_shapes(stage):
+    rules = fxrewrite.inductor_pass(SILU_ALIGNED, stage=stage)
+    compiled = torch.compile(lambda x: torch.relu(x * torch.sigmoid(x)), dynamic=True,
+                             options={**rules.options, "fx_graph_cache": False})
+    for x in (X, torch.randn(7, 12)):
+        torch.testing.assert_close(compiled(x), torch.relu(x * torch.sigmoid(x)))
+
+
+def test_rules_without_branches_work_under_dynamic_shapes():
+    rules = fxrewrite.inductor_pass(RULES, stage="post_grad")
+    compiled = torch.compile(gated, dynamic=True, options={**rules.options, "fx_graph_cache": False})
+    for x in (X, torch.randn(7, 8)):
+        torch.testing.assert_close(compiled(x, W), gated(x, W))
+    assert rules.report.applied == {"silu": 1, "neg_neg": 1} and rules.graphs == 1
+
+
 def test_post_grad_pass_lowers_new_nodes_through_inductors_decompositions():
     gm = torch.export.export(_Gated(), (X, W)).run_decompositions().graph_module
     before = op_names(gm.graph)
