@@ -29,6 +29,7 @@ cannot be decided, a loop is reported as a ``warning`` ("may loop") instead of a
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -301,7 +302,7 @@ def _probe_ranks(rule: Rule) -> list[dict[str, int]]:
     return out
 
 
-def start_for(rule: Rule) -> _Start | str:
+def _start_for(rule: Rule) -> _Start | str:
     """The rule's start graph, typed from the first probe input the pattern and its guards
     accept (untyped when none is); a string saying why when the rule cannot be examined."""
     modules = _modules_for(rule, width=2)
@@ -453,7 +454,7 @@ def analyze(rules: RulesLike) -> list[Finding]:
     findings: list[Finding] = []
     starts: dict[str, _Start] = {}
     for rule in ruleset:
-        start = start_for(rule)
+        start = _start_for(rule)
         if not isinstance(start, str) and _rewritten(start) is None:
             start = "its replacement raises when applied to its own pattern graph"
         if isinstance(start, str):
@@ -479,7 +480,10 @@ def _not_analysed(rule: Rule, why: str) -> Finding:
     return Finding("not-analysed", (rule.name,), f"rule {_origin(rule)} was not analysed: {why}.", "note")
 
 
+@functools.lru_cache(maxsize=256)
 def _rewritten(start: _Start) -> fx.GraphModule | None:
+    """The start graph rewritten once by its own rule (cached: several analyses read it; no
+    one modifies it, :func:`_apply` works on a copy)."""
     return _apply(start.gm, start.rule, start.match)
 
 

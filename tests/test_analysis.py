@@ -65,6 +65,17 @@ def test_a_loop_behind_an_undecidable_guard_is_a_warning():
     assert "could not decide" in finding.message
 
 
+def test_a_multi_output_rule_that_respells_its_outputs_is_a_self_loop():
+    def pattern(x, y):
+        return x + y, x - y
+
+    def replacement(x, y):
+        return torch.add(x, y), torch.sub(x, y)
+
+    [finding] = analyze([R(pattern, replacement, name="add_sub_pair")])
+    assert (finding.severity, finding.kind, finding.rules) == ("error", "self-loop", ("add_sub_pair",))
+
+
 def test_rules_that_shrink_their_pattern_are_not_loops():
     rules = [R(lambda x: torch.relu(torch.relu(x)), lambda x: torch.relu(x), name="relu_relu"),
              R(lambda x: torch.neg(torch.neg(x)), lambda x: x, name="double_neg")]

@@ -500,3 +500,12 @@ def test_a_permutation_bug_shrinks_to_a_three_cycle_on_a_small_tensor():
     order = tuple(found[k] % 3 for k in "abc")
     assert order in ((1, 2, 0), (2, 0, 1))  # permuting twice is the identity for every other permutation
     assert found["x"].dim() == 3 and found["x"].numel() <= 8
+
+
+def test_a_broadcasting_bug_is_not_hidden_by_overflow_and_shrinks_to_two_elements():
+    # most drawn float tensors hold a nan, an inf or a huge value, which makes both sums inf or nan;
+    # a third of them hold small whole numbers only, where the broadcast shows
+    found = _minimal(lambda x, y: (x + y).sum(), lambda x, y: x.sum() + y.sum(), {"dtypes": (torch.float64,)})
+    small, large = sorted((found["x"], found["y"]), key=lambda t: t.numel())
+    assert small.numel() == 1 and large.numel() == 2 and float(small.flatten()[0]) != 0
+    assert bool(torch.isfinite(large).all())
