@@ -320,7 +320,7 @@ def main() -> dict[str, fxrewrite.RewriteResult]:
 
     masked = gpt("masked_fill", layers=1, seq=16)
     print("\nmasked_fill spelling, why the shipped attention rules do not match:")
-    explanation = fxrewrite.explain(fxrewrite.load_rules()["attention_scaled"], masked, misses=1,
+    explanation = fxrewrite.explain(masked, fxrewrite.load_rules()["attention_scaled"], misses=1,
                                     example_inputs=(tokens,))
     print(explanation)
     masked_result = rewrite_gpt(masked, rules)

@@ -190,7 +190,7 @@ def main() -> dict[str, fxrewrite.RewriteResult]:
     traced_only = [name for name in fired(result.report) if name not in fired(exported.report)]
     print("fired on the traced graph only:", ", ".join(traced_only) or "none")
     if traced_only:
-        print(fxrewrite.explain(fxrewrite.RuleSet([rules[name] for name in traced_only]), program.module(),
+        print(fxrewrite.explain(program.module(), fxrewrite.RuleSet([rules[name] for name in traced_only]),
                                 misses=1))
     return {"traced": result, "export": exported}
 

@@ -191,7 +191,7 @@ def cmd_explain(args: argparse.Namespace, out: TextIO) -> int:
     gm = traced_or_exported(target, export=args.export)
     if args.after_others:
         print(f"(explained against the graph after the other {len(loaded) - len(rules)} rule(s) ran)", file=out)
-    explanation = explain(rules, gm, example_inputs=_shapes(target, args.shapes), misses=args.misses,
+    explanation = explain(gm, rules, example_inputs=_shapes(target, args.shapes), misses=args.misses,
                           after=loaded if args.after_others else None)
     print(explanation, file=out)
     if NO_METADATA in str(explanation):

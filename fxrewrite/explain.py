@@ -10,7 +10,7 @@ for its closest misses, the pattern node, the graph node and the first reason th
 >>> def f(a):
 ...     inner = torch.neg(a)
 ...     return torch.neg(inner) + inner + torch.neg(a * 2)
->>> print(explain(rule, f))
+>>> print(explain(f, rule))
 rule neg_neg (<doc>:1): 0 match(es) among 3 candidate(s) computing aten.neg
   miss at 'neg_1' (neg_1 = torch.neg(neg)): 'neg' is also used by 'add' outside the match
   miss at 'neg' (neg = torch.neg(a)): at pattern node 'neg': op differs: pattern has neg, graph has placeholder a
@@ -92,6 +92,17 @@ class Explanation:
         return "\n".join(str(r) for r in self.rules)
 
 
+def _check_order(function: str, target: Any, rules: Any) -> None:
+    """0.2 put the target first, as in ``rewrite(target, rules)``: a call written for 0.1
+    (``explain(rules, target)``) gets an error that says so, not a confusing failure."""
+    from .errors import ArgumentError
+    from .rule import RuleBuilder
+
+    if isinstance(target, (Rule, RuleSet, RuleBuilder)) and not isinstance(rules, (Rule, RuleSet, RuleBuilder)):
+        raise ArgumentError(f"{function}(target, rules): the target comes first (as in rewrite(target, rules)); "
+                            f"got a rule set first. Swap the arguments (the order changed in fxrewrite 0.2).")
+
+
 def _graph_module(target: Any, example_inputs: Sequence[Any] | None) -> fx.GraphModule:
     gm = to_graph_module(target)
     if example_inputs is not None:
@@ -99,10 +110,12 @@ def _graph_module(target: Any, example_inputs: Sequence[Any] | None) -> fx.Graph
     return gm
 
 
-def find_matches(rules: RulesLike, target: Any, *,
+def find_matches(target: Any, rules: RulesLike, *,
                  example_inputs: Sequence[Any] | None = None) -> Iterator[tuple[Rule, Match]]:
     """Every (rule, match) of ``rules`` in ``target``, in rule order then graph order, without
-    rewriting. Matches of different rules (or of one rule at different nodes) may overlap."""
+    rewriting. Matches of different rules (or of one rule at different nodes) may overlap.
+    The arguments come in ``rewrite``'s order: ``find_matches(target, rules)``."""
+    _check_order("find_matches", target, rules)
     gm = _graph_module(target, example_inputs)
     modules = dict(gm.named_modules())
     index = OpIndex(gm.graph)
@@ -114,9 +127,10 @@ def find_matches(rules: RulesLike, target: Any, *,
                     break
 
 
-def explain(rules: RulesLike, target: Any, *, example_inputs: Sequence[Any] | None = None,
+def explain(target: Any, rules: RulesLike, *, example_inputs: Sequence[Any] | None = None,
             misses: int = 3, after: RulesLike | None = None) -> Explanation:
-    """For each rule: where it matches, and its ``misses`` closest misses with the reason.
+    """For each rule: where it matches, and its ``misses`` closest misses with the reason. The
+    arguments come in ``rewrite``'s order: ``explain(target, rules)``.
 
     ``after`` explains against the graph as ``rewrite`` would leave it for these rules: the
     target is first rewritten with the rules of ``after`` (all but the ones explained, by name),
@@ -131,11 +145,12 @@ def explain(rules: RulesLike, target: Any, *, example_inputs: Sequence[Any] | No
     ...                                      name="no_dropout")
     >>> def f(a):
     ...     return torch.relu(torch.nn.functional.dropout(torch.relu(a), 0.1, False))
-    >>> explain(relu_relu, f)["relu_relu"].matches
+    >>> explain(f, relu_relu)["relu_relu"].matches
     ()
-    >>> explain(relu_relu, f, after=[relu_relu, drop])["relu_relu"].matches
+    >>> explain(f, relu_relu, after=[relu_relu, drop])["relu_relu"].matches
     ('relu_1',)
     """
+    _check_order("explain", target, rules)
     explained = as_ruleset(rules)
     if after is not None:
         target = _rewritten_by_others(target, explained, after, example_inputs)

@@ -46,7 +46,7 @@ SPELLINGS = [
 def test_each_spelling_matches_in_traced_graphs(name, pattern, graphs):
     rule = Rule.from_functions(pattern, lambda x, y: pattern(x, y), name=name)
     for graph_fn in graphs:
-        found = [m for _, m in find_matches(rule, graph_fn)]
+        found = [m for _, m in find_matches(graph_fn, rule)]
         assert len(found) == 1, f"{name}: pattern did not match {graph_fn}"
         result = rewrite(graph_fn, Rule.from_functions(pattern, lambda x, y: pattern(x, y) + 0.0, name=name,
                                                        where=lambda m: "fxrewrite_rule" not in m.anchor.meta))
@@ -68,7 +68,7 @@ def test_each_spelling_matches_in_exported_graphs(name, pattern, graphs):
     rule = Rule.from_functions(pattern, lambda x, y: pattern(x, y), name=name)
     for graph_fn in graphs:
         exported = torch.export.export(Wrap(graph_fn), (X, Y)).module()
-        found = [m for _, m in find_matches(rule, exported)]
+        found = [m for _, m in find_matches(exported, rule)]
         assert len(found) == 1, f"{name}: pattern did not match the exported {graph_fn}:\n{exported.code}"
 
 

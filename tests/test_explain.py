@@ -34,7 +34,7 @@ def only_miss(explanation: Explanation, name: str) -> Miss:
 
 def test_op_differs_names_both_ops_and_the_pattern_node():
     r = rule(lambda x: torch.neg(torch.sigmoid(x)), lambda x: -torch.sigmoid(x), "neg_sigmoid")
-    miss = only_miss(explain(r, lambda a: torch.neg(torch.relu(a))), "neg_sigmoid")
+    miss = only_miss(explain(lambda a: torch.neg(torch.relu(a)), r), "neg_sigmoid")
     assert (miss.graph_node, miss.pattern_node) == ("neg", "sigmoid")
     assert miss.reason == "op differs: pattern has sigmoid, graph has relu"
     assert str(miss) == ("miss at 'neg' (neg = torch.neg(relu)): at pattern node 'sigmoid': "
@@ -43,14 +43,14 @@ def test_op_differs_names_both_ops_and_the_pattern_node():
 
 def test_arguments_that_cannot_be_lined_up_differ_in_arity():
     r = rule(lambda x: torch.relu(torch.sum(x, 1)), lambda x: torch.relu(x.sum(1)), "relu_sum1")
-    miss = only_miss(explain(r, lambda a: torch.relu(a.sum())), "relu_sum1")
+    miss = only_miss(explain(lambda a: torch.relu(a.sum()), r), "relu_sum1")
     assert miss.pattern_node == "sum_1"
     assert miss.reason == "arguments differ: pattern 2 positional, keywords [], graph 1 positional, keywords []"
 
 
 def test_variable_already_bound_to_another_value():
     square = rule(lambda x: torch.relu(x * x), lambda x: torch.relu(torch.square(x)), "relu_square")
-    miss = only_miss(explain(square, lambda a, b: torch.relu(a * b)), "relu_square")
+    miss = only_miss(explain(lambda a, b: torch.relu(a * b), square), "relu_square")
     # mul commutes, so both operand orders were tried; each binds x twice, to a and to b
     assert miss.reason in ("'x' is already bound to 'a', here it would be 'b'",
                            "'x' is already bound to 'b', here it would be 'a'")
@@ -61,7 +61,7 @@ def test_inner_node_with_a_user_outside_the_match():
         inner = torch.neg(a)
         return torch.neg(inner) + inner
 
-    explanation = explain(NEG_NEG, f)
+    explanation = explain(f, NEG_NEG)
     assert explanation["neg_neg"].matches == ()
     first = explanation["neg_neg"].misses[0]
     assert first.graph_node == "neg_1"
@@ -76,7 +76,7 @@ def test_variable_would_bind_a_node_the_match_computes():
         r = torch.relu(x)
         return r + r  # b would bind r, which the match erases
 
-    miss = only_miss(explain(fused, f), "relu_add")
+    miss = only_miss(explain(f, fused), "relu_add")
     assert miss.reason == "variable 'b' would bind 'relu', which the match itself computes"
 
 
@@ -94,7 +94,7 @@ def test_multi_output_match_that_would_create_a_cycle():
         t = torch.neg(r)  # y binds t, which depends on the match's own output r
         return r + t
 
-    miss = only_miss(explain(rule(pattern, replacement, "relu_and_add"), f), "relu_and_add")
+    miss = only_miss(explain(f, rule(pattern, replacement, "relu_and_add")), "relu_and_add")
     assert miss.graph_node == "add"
     assert miss.reason == "replacing the match would create a cycle through the graph"
 
@@ -102,13 +102,13 @@ def test_multi_output_match_that_would_create_a_cycle():
 def test_guard_returning_false_is_reported_with_its_source_line():
     wide = rule(lambda x: torch.relu(torch.relu(x)), lambda x: torch.relu(x), "wide",
                 where=lambda m: m["x"].shape[-1] >= 8)
-    explanation = explain(wide, lambda a: torch.relu(torch.relu(a)), example_inputs=(torch.randn(2, 4),))
+    explanation = explain(lambda a: torch.relu(torch.relu(a)), wide, example_inputs=(torch.randn(2, 4),))
     first = explanation["wide"].misses[0]
     assert first.graph_node == "relu_1"
     assert first.reason.startswith(f"guard <lambda> ({__file__}:")
     assert 'where=lambda m: m["x"].shape[-1] >= 8)' in first.reason
     assert first.reason.endswith("returned False")
-    assert explain(wide, lambda a: torch.relu(torch.relu(a)), example_inputs=(torch.randn(2, 8),))["wide"].matches \
+    assert explain(lambda a: torch.relu(torch.relu(a)), wide, example_inputs=(torch.randn(2, 8),))["wide"].matches \
         == ("relu_1",)
 
 
@@ -117,7 +117,7 @@ def test_named_guard_is_reported_by_name_and_place():
         return m["x"].dim() >= 2
 
     r = rule(lambda x: torch.relu(torch.relu(x)), lambda x: torch.relu(x), "two_dims", where=at_least_two_dims)
-    first = explain(r, lambda a: torch.relu(torch.relu(a)), example_inputs=(torch.randn(4),))["two_dims"].misses[0]
+    first = explain(lambda a: torch.relu(torch.relu(a)), r, example_inputs=(torch.randn(4),))["two_dims"].misses[0]
     assert first.reason == (f"guard at_least_two_dims ({__file__}:{at_least_two_dims.__code__.co_firstlineno}) "
                             f"returned False")
 
@@ -135,15 +135,15 @@ def test_module_class_differs():
     def pattern(x, conv: nn.Conv2d):
         return torch.relu(conv(x))
 
-    miss = only_miss(explain(rule(pattern, lambda x, conv: torch.relu(conv(x)), "conv_relu"), LinearRelu()),
+    miss = only_miss(explain(LinearRelu(), rule(pattern, lambda x, conv: torch.relu(conv(x)), "conv_relu")),
                      "conv_relu")
     assert miss.pattern_node == "conv_1"
     assert miss.reason == "module 'lin' is a Linear, not a Conv2d"
 
 
 def test_no_candidate_at_all():
-    explanation = explain(rule(lambda x: torch.tanh(x) * 2, lambda x: torch.tanh(x) + torch.tanh(x), "tanh2"),
-                          lambda a: torch.relu(a))
+    explanation = explain(lambda a: torch.relu(a),
+                          rule(lambda x: torch.tanh(x) * 2, lambda x: torch.tanh(x) + torch.tanh(x), "tanh2"))
     tanh2 = explanation["tanh2"]
     assert (tanh2.candidates, tanh2.matches, tanh2.misses) == (0, (), ())
     assert str(tanh2).endswith("no node of the graph computes aten.mul, the op the pattern ends with")
@@ -153,14 +153,14 @@ def test_literal_capture_cannot_bind_a_graph_value():
     def pattern(x, s: float):
         return torch.relu(x * s)
 
-    miss = only_miss(explain(rule(pattern, lambda x, s: torch.relu(x * s), "scaled"), lambda a, b: torch.relu(a * b)),
+    miss = only_miss(explain(lambda a, b: torch.relu(a * b), rule(pattern, lambda x, s: torch.relu(x * s), "scaled")),
                      "scaled")
     assert miss.reason == "'s' is a literal capture and cannot bind node 'b'"  # operands as written: s vs b
 
 
 def test_variable_cannot_bind_a_constant_and_the_reason_says_how_to_capture_it():
     r = rule(lambda x, y: torch.relu(x * y), lambda x, y: torch.relu(torch.mul(y, x)), "relu_mul")
-    miss = only_miss(explain(r, lambda a: torch.relu(a * 2.0)), "relu_mul")
+    miss = only_miss(explain(lambda a: torch.relu(a * 2.0), r), "relu_mul")
     assert miss.pattern_node == "y"
     assert miss.reason == "'y' cannot bind the constant 2.0 (annotate it, e.g. 'y: float')"
 
@@ -170,7 +170,7 @@ def test_variable_cannot_bind_a_constant_and_the_reason_says_how_to_capture_it()
     (lambda x: torch.relu(torch.sum(x, [0, 1])), lambda a: torch.relu(torch.sum(a, [1]))),
 ], ids=["literal differs", "sequence length differs"])
 def test_literal_differs(pattern, graph):
-    explanation = explain(rule(pattern, lambda x: pattern(x) + 0.0, "lit"), graph)
+    explanation = explain(graph, rule(pattern, lambda x: pattern(x) + 0.0, "lit"))
     assert "differs" in explanation["lit"].misses[0].reason or "sequence" in explanation["lit"].misses[0].reason
 
 
@@ -181,7 +181,7 @@ def test_misses_on_an_exported_graph_name_aten_ops():
 
     gm = torch.export.export(M(), (torch.randn(3),)).module()
     r = rule(lambda x: torch.neg(torch.sigmoid(x)), lambda x: -torch.sigmoid(x), "neg_sigmoid")
-    miss = only_miss(explain(r, gm), "neg_sigmoid")
+    miss = only_miss(explain(gm, r), "neg_sigmoid")
     assert miss.code == "neg = aten.neg.default(relu)"
     assert miss.reason == "op differs: pattern has sigmoid, graph has relu.default"
 
@@ -203,7 +203,7 @@ def three_near_misses(a):
 
 
 def test_closest_misses_come_first():
-    nsr = explain(NEG_SIGMOID_RELU, three_near_misses)["nsr"]
+    nsr = explain(three_near_misses, NEG_SIGMOID_RELU)["nsr"]
     assert nsr.candidates == 4 and nsr.matches == ("neg_3",)
     assert [m.graph_node for m in nsr.misses] == ["neg_2", "neg_1", "neg"]
     assert [m.progress for m in nsr.misses][1:] == [2, 1]
@@ -213,13 +213,13 @@ def test_closest_misses_come_first():
 
 
 def test_misses_limits_the_number_shown():
-    nsr = explain(NEG_SIGMOID_RELU, three_near_misses, misses=1)["nsr"]
+    nsr = explain(three_near_misses, NEG_SIGMOID_RELU, misses=1)["nsr"]
     assert [m.graph_node for m in nsr.misses] == ["neg_2"]
     assert nsr.matches == ("neg_3",)
 
 
 def test_explanation_reads_as_a_report():
-    explanation = explain(RuleSet([NEG_SIGMOID_RELU, NEG_NEG]), three_near_misses, misses=2)
+    explanation = explain(three_near_misses, RuleSet([NEG_SIGMOID_RELU, NEG_NEG]), misses=2)
     text = str(explanation)
     assert text.splitlines()[0].startswith("rule nsr (")
     assert text.splitlines()[0].endswith("): 1 match(es) among 4 candidate(s) computing aten.neg")
@@ -244,7 +244,7 @@ def stacked(a):
 
 
 def test_find_matches_yields_rule_and_match_in_rule_then_graph_order():
-    found = list(find_matches(RuleSet([NEG_NEG, RELU_RELU]), stacked))
+    found = list(find_matches(stacked, RuleSet([NEG_NEG, RELU_RELU])))
     assert [(r.name, m.anchor.name) for r, m in found] == [("neg_neg", "neg_1"), ("relu_relu", "relu_1"),
                                                            ("relu_relu", "relu_2")]
     _, match = found[0]
@@ -253,25 +253,25 @@ def test_find_matches_yields_rule_and_match_in_rule_then_graph_order():
 
 def test_find_matches_may_overlap():
     # relu(relu(relu(a))) holds two overlapping matches; rewrite() would apply them one after the other.
-    anchors = [m.anchor.name for _, m in find_matches(RELU_RELU, stacked)]
+    anchors = [m.anchor.name for _, m in find_matches(stacked, RELU_RELU)]
     assert anchors == ["relu_1", "relu_2"]
 
 
 def test_find_matches_does_not_modify_the_target():
     gm = fx.symbolic_trace(stacked)
     code, nodes = gm.code, [n.format_node() for n in gm.graph.nodes]
-    found = list(find_matches(RuleSet([NEG_NEG, RELU_RELU]), gm, example_inputs=(torch.randn(2, 3),)))
+    found = list(find_matches(gm, RuleSet([NEG_NEG, RELU_RELU]), example_inputs=(torch.randn(2, 3),)))
     assert len(found) == 3
     assert gm.code == code and [n.format_node() for n in gm.graph.nodes] == nodes
     assert not any("val" in n.meta for n in gm.graph.nodes)  # shapes were propagated on a copy
-    explain(RuleSet([NEG_NEG, RELU_RELU]), gm, example_inputs=(torch.randn(2, 3),))
+    explain(gm, RuleSet([NEG_NEG, RELU_RELU]), example_inputs=(torch.randn(2, 3),))
     assert gm.code == code and not any("val" in n.meta for n in gm.graph.nodes)
 
 
 def test_find_matches_skips_matches_a_guard_refuses():
     narrow = rule(lambda x: torch.relu(torch.relu(x)), lambda x: torch.relu(x), "narrow",
                   where=lambda m: m.anchor.name == "relu_2")
-    assert [m.anchor.name for _, m in find_matches(narrow, stacked)] == ["relu_2"]
+    assert [m.anchor.name for _, m in find_matches(stacked, narrow)] == ["relu_2"]
 
 
 def test_find_matches_reads_shapes_from_an_exported_graph():
@@ -282,7 +282,7 @@ def test_find_matches_reads_shapes_from_an_exported_graph():
     gm = torch.export.export(M(), (torch.randn(2, 8),)).module()
     wide = rule(lambda x: torch.relu(torch.relu(x)), lambda x: torch.relu(x), "wide",
                 where=lambda m: m["x"].shape[-1] >= 8)
-    ((r, match),) = find_matches(wide, gm)
+    ((r, match),) = find_matches(gm, wide)
     assert match.anchor.target is torch.ops.aten.relu.default
     assert match["x"].shape == (2, 8)
 
@@ -408,16 +408,16 @@ NO_DROPOUT = rule(lambda x: torch.nn.functional.dropout(x, 0.5, False), lambda x
 
 
 def test_after_explains_the_graph_the_other_rules_leave():
-    before = explain(RELU_RELU, relu_dropout_relu)["relu_relu"]
+    before = explain(relu_dropout_relu, RELU_RELU)["relu_relu"]
     assert before.matches == ()
     assert any(m.graph_node == "relu_1" and m.reason.endswith("graph has dropout") for m in before.misses)
-    after = explain(RELU_RELU, relu_dropout_relu, after=[NO_DROPOUT])["relu_relu"]
+    after = explain(relu_dropout_relu, RELU_RELU, after=[NO_DROPOUT])["relu_relu"]
     assert after.matches == ("relu_1",)
 
 
 def test_after_leaves_out_the_rules_being_explained():
     """neg_neg is in `after` too: were it applied first, its match would be gone."""
-    explanation = explain(RuleSet([RELU_RELU, NEG_NEG]), relu_dropout_relu, after=[NO_DROPOUT, RELU_RELU, NEG_NEG])
+    explanation = explain(relu_dropout_relu, RuleSet([RELU_RELU, NEG_NEG]), after=[NO_DROPOUT, RELU_RELU, NEG_NEG])
     assert explanation["relu_relu"].matches == ("relu_1",)
     assert explanation["neg_neg"].matches == ("neg_1",)
 
@@ -425,7 +425,7 @@ def test_after_leaves_out_the_rules_being_explained():
 def test_after_does_not_modify_the_target():
     gm = fx.symbolic_trace(relu_dropout_relu)
     code = gm.code
-    explain(RELU_RELU, gm, after=[NO_DROPOUT])
+    explain(gm, RELU_RELU, after=[NO_DROPOUT])
     assert gm.code == code
     x = torch.randn(3)
     torch.testing.assert_close(gm(x), relu_dropout_relu(x))
@@ -435,14 +435,14 @@ def test_after_does_not_modify_the_target():
 def test_after_with_example_inputs_lets_guards_read_shapes():
     wide = rule(lambda x: torch.relu(torch.relu(x)), lambda x: torch.relu(x), "wide",
                 where=lambda m: m["x"].shape[-1] >= 8)
-    explanation = explain(wide, relu_dropout_relu, after=[NO_DROPOUT], example_inputs=(torch.randn(2, 8),))
+    explanation = explain(relu_dropout_relu, wide, after=[NO_DROPOUT], example_inputs=(torch.randn(2, 8),))
     assert explanation["wide"].matches == ("relu_1",)
 
 
 def test_a_guard_needing_shapes_on_a_graph_without_them_is_a_miss_that_says_how_to_get_them():
     wide = rule(lambda x: torch.relu(torch.relu(x)), lambda x: torch.relu(x), "wide",
                 where=lambda m: m["x"].shape[-1] >= 8)
-    miss = explain(wide, lambda a: torch.relu(torch.relu(a)))["wide"].misses[0]
+    miss = explain(lambda a: torch.relu(torch.relu(a)), wide)["wide"].misses[0]
     assert miss.graph_node == "relu_1"
     assert "needs shapes/dtypes and the graph carries no shapes/dtypes" in miss.reason
     assert "example_inputs=" in miss.reason and "--shapes" in miss.reason
@@ -453,7 +453,23 @@ def test_a_guard_returning_false_on_a_graph_without_shapes_mentions_them():
         return False
 
     r = rule(lambda x: torch.relu(torch.relu(x)), lambda x: torch.relu(x), "r", where=positive_slope)
-    bare = explain(r, lambda a: torch.relu(torch.relu(a)))["r"].misses[0].reason
+    bare = explain(lambda a: torch.relu(torch.relu(a)), r)["r"].misses[0].reason
     assert bare.startswith("guard positive_slope (") and "returned False (the graph carries no shapes/dtypes" in bare
-    with_shapes = explain(r, lambda a: torch.relu(torch.relu(a)), example_inputs=(torch.randn(3),))
+    with_shapes = explain(lambda a: torch.relu(torch.relu(a)), r, example_inputs=(torch.randn(3),))
     assert with_shapes["r"].misses[0].reason.endswith("returned False")
+
+
+def test_the_target_comes_first_and_the_old_order_says_so():
+    from fxrewrite import ArgumentError
+
+    rule = Rule.from_functions(lambda x: torch.neg(torch.neg(x)), lambda x: x, name="neg_neg")
+
+    def f(a):
+        return torch.neg(torch.neg(a))
+
+    assert explain(target=f, rules=rule)["neg_neg"].matches == explain(f, rule)["neg_neg"].matches == ("neg_1",)
+    assert [r.name for r, _ in find_matches(target=f, rules=rule)] == ["neg_neg"]
+    for call in (explain, find_matches):
+        with pytest.raises(ArgumentError, match=r"the target comes first .*Swap the arguments"):
+            result = call(rule, f)
+            list(result) if call is find_matches else result

@@ -143,7 +143,7 @@ def test_exported_graph_spells_ops_as_aten_overloads_the_rule_never_mentions():
     gm = graph_at("export.module", model, inputs)
     targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
     assert {torch.ops.aten.sigmoid.default, torch.ops.aten.mul.Tensor} <= targets
-    ((rule, match),) = find_matches(SILU, gm)
+    ((rule, match),) = find_matches(gm, SILU)
     assert match.anchor.target is torch.ops.aten.mul.Tensor and match.node("x").name == "a"
 
 
@@ -305,7 +305,7 @@ def test_commuted_add_matches(level):
     gm = graph_at(level, model, inputs)
     add = next(n for n in gm.graph.nodes if n.op == "call_function" and "add" in str(n.target))
     assert add.args[0].name == "b"  # the graph has y + relu(x)
-    ((_, match),) = find_matches(RELU_PLUS, gm)
+    ((_, match),) = find_matches(gm, RELU_PLUS)
     assert (match.node("x").name, match.node("y").name) == ("a", "b")
     result = rewrite(gm, RELU_PLUS)
     assert result.report.applied == {"relu_plus": 1}
@@ -317,7 +317,7 @@ def test_non_commutative_sub_does_not_match_swapped(level):
     rule = Rule.from_functions(lambda x, y: torch.relu(x) - y, lambda x, y: torch.relu(x) + torch.neg(y),
                                name="relu_minus")
     model, inputs = Wrap(lambda a, b: b - torch.relu(a)), (torch.randn(4), torch.randn(4))
-    assert list(find_matches(rule, graph_at(level, model, inputs))) == []
+    assert list(find_matches(graph_at(level, model, inputs), rule)) == []
 
 
 def distribute(a, b, c):
@@ -336,7 +336,7 @@ def test_nested_commutativity(level, spelling):
     rule = Rule.from_functions(distribute, distributed, name="distribute")
     model, inputs = Wrap(spelling), (torch.randn(5), torch.randn(5), torch.randn(5))
     gm = graph_at(level, model, inputs)
-    ((_, match),) = find_matches(rule, gm)
+    ((_, match),) = find_matches(gm, rule)
     assert match.node("c").name == "r"
     assert {match.node("a").name, match.node("b").name} == {"p", "q"}
     result = rewrite(gm, rule)
@@ -351,7 +351,7 @@ def test_nested_commutativity_backtracks_into_the_inner_operands():
     model = Wrap(lambda p, q, r: r * (torch.relu(q) + p))
     inputs = (torch.randn(5), torch.randn(5), torch.randn(5))
     for level in ("symbolic_trace", "export.module"):
-        ((_, match),) = find_matches(rule, graph_at(level, model, inputs))
+        ((_, match),) = find_matches(graph_at(level, model, inputs), rule)
         assert [match.node(v).name for v in "abc"] == ["p", "q", "r"]
 
 
@@ -380,8 +380,8 @@ def test_module_captures_match_traced_graphs_and_functional_rules_match_exported
     model, inputs = Block().eval(), (torch.randn(2, 6),)
     traced = graph_at("symbolic_trace", model, inputs)
     exported = graph_at("export.module", model, inputs)
-    assert [r.name for r, _ in find_matches(RuleSet([by_module, by_function]), traced)] == ["by_module"]
-    assert [r.name for r, _ in find_matches(RuleSet([by_module, by_function]), exported)] == ["by_function"]
+    assert [r.name for r, _ in find_matches(traced, RuleSet([by_module, by_function]))] == ["by_module"]
+    assert [r.name for r, _ in find_matches(exported, RuleSet([by_module, by_function]))] == ["by_function"]
 
 
 # -- nn.TransformerEncoder, traced both ways ------------------------------------------------------
@@ -632,7 +632,7 @@ def test_functional_layer_norm_rule_matches_exported_graph():
         return F.layer_norm(x, [4], w, b, 1e-5)
 
     rule = Rule.from_functions(pattern, lambda x, w, b: F.layer_norm(x, [4], w, b, 1e-5) * 1.0, name="ln")
-    assert len(list(find_matches(rule, graph_at("export.module", Norm(), (torch.randn(2, 4),))))) == 1
+    assert len(list(find_matches(graph_at("export.module", Norm(), (torch.randn(2, 4),)), rule))) == 1
 
 
 def test_scalar_argument_in_exported_replacement_picks_the_scalar_overload():

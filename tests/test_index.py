@@ -84,7 +84,7 @@ def test_rewrite_explain_and_compat_answer_from_the_index():
     assert result.report.applied["neg_neg"] == 1
     result.module.graph.lint()
     torch.testing.assert_close(result.module(torch.ones(3)), f(torch.ones(3)))
-    assert explain(neg_neg, f)["neg_neg"].candidates == 3
+    assert explain(f, neg_neg)["neg_neg"].candidates == 3
     gm = fx.symbolic_trace(f)
     pattern = pattern_from_graph(fx.symbolic_trace(lambda x: torch.neg(torch.neg(x))).graph, where="pattern",
                                  fx_style=True)
