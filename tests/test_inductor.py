@@ -97,7 +97,7 @@ def compile_with(fn, options, *args):
 # -- the pass at every stage ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("stage", ["pre_grad", "joint", "post_grad"])
+@pytest.mark.parametrize("stage", ["pre_grad", "joint", "joint_post", "post_grad", "post_grad_post"])
 def test_one_rule_set_rewrites_at_every_inductor_stage(stage):
     rules, census = fxrewrite.inductor_pass(RULES, stage=stage), Census()
     out = compile_with(gated, compile_options(rules, census, stage=stage), X, W)
