@@ -31,9 +31,10 @@ from torch.fx.subgraph_rewriter import Match, ReplacedPatterns, _replace_attribu
 
 from .canon import op_key_of
 from .index import OpIndex
+from .isolation import torch_state_preserved
 from .match import Match as _FxrMatch
 from .match import MatchOptions, match_at, node_position
-from .pattern import Pattern, pattern_from_graph
+from .pattern import TRACING, Pattern, pattern_from_graph
 
 __all__ = ["replace_pattern", "replace_pattern_with_filters"]
 
@@ -78,7 +79,8 @@ def _graph_of(obj: Callable[..., Any] | fx.Graph | fx.GraphModule) -> fx.Graph:
         return obj.graph
     if isinstance(obj, fx.Graph):
         return obj
-    return fx.symbolic_trace(obj).graph  # type: ignore[arg-type]
+    with TRACING, torch_state_preserved():  # a pattern or replacement function runs here: it changes nothing global
+        return fx.symbolic_trace(obj).graph  # type: ignore[arg-type]
 
 
 def _replace_pattern(

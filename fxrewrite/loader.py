@@ -194,7 +194,8 @@ def _import(path: Path) -> ModuleType:
         return import_file(path, prefix="fxrewrite_rules_")
     except (Exception, SystemExit) as exc:  # SystemExit: a script that parses sys.argv when imported
         raise RuleLoadError(
-            f"Python rule file '{path}' failed to import: {type(exc).__name__}: {exc}. Fix the file (it runs like "
+            f"Python rule file '{path}' failed to import: {type(exc).__name__}: {str(exc).rstrip('.')}. Fix the file "
+            f"(it runs like "
             f"any Python module when it is loaded)."
         ) from exc
 
@@ -218,10 +219,7 @@ def _rules_of_module(module: ModuleType, path: Path) -> Iterator[Rule]:
         elif isinstance(value, RuleSet):
             yield from value
         elif isinstance(value, RuleBuilder):
-            raise RuleDefinitionError(
-                f"{path}: '{name}' is a pattern awaiting its replacement; decorate the replacement with "
-                f"@{value.pattern.__name__}.replacement."
-            )
+            raise RuleDefinitionError(value.unfinished_message(name, str(path)))
         elif name.endswith("_pattern") and _defined_in(value, module) and id(value) not in used:
             rule = _function_pair(name.removesuffix("_pattern"), value, namespace, module, path)
             if rule is not None:

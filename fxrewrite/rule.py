@@ -316,6 +316,10 @@ def rule(
 RulesLike = Union[Rule, "RuleSet", Iterable[Rule]]
 
 
+def _as_tuple(rules: Iterable[Rule]) -> tuple[Rule, ...]:
+    return tuple(rules)
+
+
 @attrs.frozen(eq=False)
 class RuleSet:
     """An ordered collection of rules with unique names.
@@ -326,7 +330,7 @@ class RuleSet:
     (1, 'double_neg', ['double_neg'])
     """
 
-    rules: tuple[Rule, ...] = attrs.field(converter=tuple)
+    rules: tuple[Rule, ...] = attrs.field(converter=_as_tuple)
 
     def __attrs_post_init__(self) -> None:
         seen: dict[str, Rule] = {}
@@ -370,9 +374,7 @@ def as_ruleset(rules: RulesLike) -> RuleSet:
     if isinstance(rules, Rule):
         return RuleSet((rules,))
     if isinstance(rules, RuleBuilder):
-        raise RuleDefinitionError(
-            f"{rules!r} has no replacement yet; decorate one with @{rules.pattern.__name__}.replacement."
-        )
+        raise RuleDefinitionError(rules.unfinished_message())
     try:
         return RuleSet(tuple(rules))
     except TypeError:

@@ -201,7 +201,7 @@ def test_pattern_without_replacement_is_a_clear_error():
     def unfinished(x):
         return torch.relu(x)
 
-    with pytest.raises(RuleDefinitionError, match=r"has no replacement yet; decorate one with @unfinished.replacement"):
+    with pytest.raises(RuleDefinitionError, match=r"awaiting its replacement: decorate the replacement function with @unfinished.replacement"):
         fxrewrite.rewrite(lambda a: torch.relu(a), unfinished)
 
 
