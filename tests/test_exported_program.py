@@ -213,3 +213,43 @@ def test_rewritten_program_compiles_with_aot_inductor(model, program, tmp_path):
     expected_model.load_state_dict(model.state_dict())
     with torch.no_grad():
         torch.testing.assert_close(runner(X), expected_model(X))
+
+
+def test_gpt2_eager_attention_becomes_sdpa_in_the_exported_program(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=32,
+                                     bos_token_id=0, eos_token_id=0)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    gpt2 = transformers.GPT2LMHeadModel(config).eval()
+
+    class Logits(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gpt2 = gpt2
+
+        def forward(self, ids):
+            return self.gpt2(ids, use_cache=False).logits
+
+    def hf_attention(q, k, v, mask, s: float):  # as transformers writes GPT-2's eager attention
+        weights = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * s + mask, dim=-1)
+        return torch.matmul(F.dropout(weights.type(v.dtype), p=0.0, training=False), v)
+
+    def sdpa(q, k, v, mask, s: float):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=s)
+
+    model, ids = Logits().eval(), torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+    program = torch.export.export(model, (ids,))
+    result = fxrewrite.rewrite(program, Rule.from_functions(hf_attention, sdpa, name="hf_attention"))
+    assert result.report.applied == {"hf_attention": 2}
+    rewritten = result.exported_program
+    assert specs(rewritten) == specs(program)
+    targets = [n.target for n in rewritten.graph.nodes if n.op == "call_function"]
+    assert targets.count(torch.ops.aten.scaled_dot_product_attention.default) == 2
+    assert torch.ops.aten.softmax.int not in targets and torch.ops.aten._softmax.default not in targets
+    torch.export.save(rewritten, tmp_path / "gpt2.pt2")
+    with torch.no_grad():
+        expected = model(ids)
+        torch.testing.assert_close(rewritten.module()(ids), expected, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(torch.export.load(tmp_path / "gpt2.pt2").module()(ids), expected,
+                                   rtol=1e-4, atol=1e-5)
