@@ -43,7 +43,7 @@ from torch.export.graph_signature import (
 )
 from torch.fx.node import Node
 
-from .errors import RewriteError
+from .errors import ArgumentError, RewriteError
 from .report import RewriteResult
 from .rule import RuleSet
 
@@ -58,12 +58,12 @@ def rewrite_program(program: ExportedProgram, ruleset: RuleSet, *, inplace: bool
     ``options`` are :func:`fxrewrite.rewrite`'s ``max_rewrites``, ``debug`` and ``on_progress``.
     """
     if inplace:
-        raise RewriteError(
+        raise ArgumentError(
             "inplace=True cannot rewrite an ExportedProgram: a program is immutable. Drop inplace=True; the "
             "result's .exported_program is the rewritten program and .module its runnable module."
         )
     if example_inputs is not None:
-        raise RewriteError(
+        raise ArgumentError(
             "example_inputs= is not needed for an ExportedProgram: every node of its graph already carries "
             "its shape and dtype (meta['val']). Drop example_inputs=."
         )

@@ -47,7 +47,7 @@ import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch.fx.node import Node
 
-from .errors import RewriteError
+from .errors import ArgumentError, RewriteError
 from .report import Report, RuleStats
 from .rule import Rule, RuleSet, RulesLike, as_ruleset
 
@@ -174,7 +174,7 @@ def inductor_pass(rules: RulesLike | str | os.PathLike[str], *, stage: str = "po
     (:func:`compile_options` builds it). ``pass_.report`` sums up every graph it rewrote.
     """
     if stage not in STAGES:
-        raise RewriteError(
+        raise ArgumentError(
             f"inductor_pass(stage={stage!r}): unknown stage; use one of {', '.join(map(repr, STAGES))} "
             f"('post_grad' is the ATen graph Inductor lowers, 'pre_grad' Dynamo's torch-level graph)."
         )
@@ -205,7 +205,7 @@ def compile_options(*passes: CustomGraphPass | Callable[[fx.Graph], None], stage
     for p in passes:
         where = p.stage if isinstance(p, RulePass) else stage
         if where not in STAGES:
-            raise RewriteError(
+            raise ArgumentError(
                 f"compile_options: {p!r} is not an fxrewrite pass; say at which stage it runs with stage= "
                 f"(one of {', '.join(map(repr, STAGES))})."
             )
@@ -360,14 +360,14 @@ def backend(rules: RulesLike | str | os.PathLike[str], *, then: str | Callable[.
         try:
             compiler = lookup_backend(then)
         except Exception as exc:
-            raise RewriteError(
+            raise ArgumentError(
                 f"backend(then={then!r}): torch.compile knows no backend of that name "
                 f"({type(exc).__name__}); use 'inductor', 'eager', one of torch._dynamo.list_backends(), or "
                 f"pass a backend function."
             ) from exc
         return RuleBackend(_ruleset(rules), compiler, then, max_rewrites)
     if not callable(then):
-        raise RewriteError(
+        raise ArgumentError(
             f"backend(then={then!r}): expected a backend name or a callable (gm, example_inputs) -> callable, "
             f"got a {type(then).__name__}."
         )

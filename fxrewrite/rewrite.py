@@ -107,8 +107,8 @@ def rewrite(
     if isinstance(target, torch.export.ExportedProgram):  # rewrite the lifted graph, build a program again
         from .exported import rewrite_program
 
-        return rewrite_program(target, ruleset, inplace=inplace, example_inputs=example_inputs, max_rewrites=max_rewrites,
-                               debug=debug, on_progress=on_progress, _stop_after=_stop_after)
+        return rewrite_program(target, ruleset, inplace=inplace, example_inputs=example_inputs,
+                               max_rewrites=max_rewrites, debug=debug, on_progress=on_progress, _stop_after=_stop_after)
     gm = to_graph_module(target, inplace=inplace)
     if example_inputs is not None:
         propagate_inputs(gm, example_inputs)
@@ -483,7 +483,7 @@ def rewrite_graph(graph: fx.Graph, rules: RulesLike, *, max_rewrites: int | None
     ({'neg_neg': 1}, ['placeholder', 'call_function', 'output'])
     """
     if not isinstance(graph, fx.Graph):
-        raise RewriteError(
+        raise ArgumentError(
             f"rewrite_graph takes a torch.fx.Graph, got {type(graph).__name__}; pass gm.graph, or use "
             f"fxrewrite.rewrite for modules, functions and ExportedPrograms."
         )

@@ -16,7 +16,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 import fxrewrite
 from fxrewrite import Rule, RuleSet
-from fxrewrite.errors import RewriteError
+from fxrewrite.errors import ArgumentError, RewriteError
 
 SILU = Rule.from_functions(lambda x: x * torch.sigmoid(x), lambda x: F.silu(x), name="silu")
 NEG_NEG = Rule.from_functions(lambda x: torch.neg(torch.neg(x)), lambda x: x, name="neg_neg")
@@ -197,9 +197,9 @@ def test_a_replacement_calling_a_module_is_refused_for_an_exported_program(progr
 
 
 def test_inplace_and_example_inputs_are_refused_for_an_exported_program(program):
-    with pytest.raises(RewriteError, match="a program is immutable"):
+    with pytest.raises(ArgumentError, match="a program is immutable"):
         fxrewrite.rewrite(program, SILU, inplace=True)
-    with pytest.raises(RewriteError, match="example_inputs= is not needed"):
+    with pytest.raises(ArgumentError, match="example_inputs= is not needed"):
         fxrewrite.rewrite(program, SILU, example_inputs=(X,))
 
 

@@ -23,7 +23,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import fxrewrite
 from fxrewrite import Rule, RuleSet
-from fxrewrite.errors import RewriteError
+from fxrewrite.errors import ArgumentError
 from fxrewrite.inductor import RulePass, compile_options, fingerprint
 from fxrewrite.rewrite import rewrite_graph
 
@@ -350,9 +350,9 @@ def test_backend_hands_the_rewritten_graph_to_eager_or_a_callable():
 
 
 def test_backend_with_an_unknown_name_or_a_non_callable_is_an_error():
-    with pytest.raises(RewriteError, match="knows no backend of that name"):
+    with pytest.raises(ArgumentError, match="knows no backend of that name"):
         fxrewrite.backend(RULES, then="no-such-backend")
-    with pytest.raises(RewriteError, match="expected a backend name or a callable"):
+    with pytest.raises(ArgumentError, match="expected a backend name or a callable"):
         fxrewrite.backend(RULES, then=42)
 
 
@@ -371,12 +371,12 @@ def test_two_rule_sets_and_someone_elses_pass_run_side_by_side_in_order():
 
 
 def test_compile_options_needs_a_stage_for_a_pass_that_is_not_fxrewrites():
-    with pytest.raises(RewriteError, match="say at which stage it runs"):
+    with pytest.raises(ArgumentError, match="say at which stage it runs"):
         compile_options(fxrewrite.inductor_pass(SILU), Census())
 
 
 def test_unknown_stage_is_an_error():
-    with pytest.raises(RewriteError, match="unknown stage"):
+    with pytest.raises(ArgumentError, match="unknown stage"):
         fxrewrite.inductor_pass(RULES, stage="post-grad")
 
 
@@ -404,7 +404,7 @@ def test_rewrite_graph_rewrites_a_graph_without_an_owning_module():
 
 
 def test_rewrite_graph_refuses_what_is_not_a_graph():
-    with pytest.raises(RewriteError, match="takes a torch.fx.Graph"):
+    with pytest.raises(ArgumentError, match="takes a torch.fx.Graph"):
         rewrite_graph(fx.symbolic_trace(gated), RULES)
 
 
