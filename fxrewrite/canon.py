@@ -38,6 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch.fx.node import Node
 
+from ._torch import tree_leaves
+
 __all__ = [
     "ALIASES",
     "COMMUTATIVE",
@@ -591,11 +593,11 @@ def written_arguments(node: Node) -> tuple[Node, ...]:
     if mutation(node) is None:
         return ()
     if "out" in node.kwargs:
-        return tuple(v for v in torch.utils._pytree.tree_leaves(node.kwargs["out"]) if isinstance(v, Node))
+        return tuple(v for v in tree_leaves(node.kwargs["out"]) if isinstance(v, Node))
     if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and not _inplace_flag(node):
         named = _bind(node.target._schema, node.args, node.kwargs) or {}
         written = [a.name for a in node.target._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
-        return tuple(v for name in written for v in torch.utils._pytree.tree_leaves(named.get(name))
+        return tuple(v for name in written for v in tree_leaves(named.get(name))
                      if isinstance(v, Node))
     first = node.args[0] if node.args else None
     return (first,) if isinstance(first, Node) else ()
@@ -674,7 +676,7 @@ def _schema_aliases(overload: torch._ops.OpOverload, named: Mapping[str, Any]) -
     for argument in overload._schema.arguments:
         info = argument.alias_info
         if info is not None and (set(info.before_set) | set(info.after_set)) & sets:
-            found += [v for v in torch.utils._pytree.tree_leaves(named.get(argument.name)) if isinstance(v, Node)]
+            found += [v for v in tree_leaves(named.get(argument.name)) if isinstance(v, Node)]
     return tuple(found)
 
 

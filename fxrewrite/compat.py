@@ -27,8 +27,9 @@ import torch
 import torch.fx as fx
 from torch.fx.node import Node
 from torch.fx.passes.utils.matcher_utils import InternalMatch
-from torch.fx.subgraph_rewriter import Match, ReplacedPatterns, _replace_attributes
+from torch.fx.subgraph_rewriter import Match, ReplacedPatterns
 
+from ._torch import copy_replacement_attributes
 from .canon import op_key_of
 from .index import OpIndex
 from .isolation import torch_state_preserved
@@ -107,7 +108,7 @@ def _replace_pattern(
         replaced.append(_splice_copy(gm.graph, m, pattern_graph, graph, changed))
     gm.recompile()
     if isinstance(replacement, torch.nn.Module):
-        _replace_attributes(gm, replacement)
+        copy_replacement_attributes(gm, replacement)
     return replaced
 
 

@@ -34,6 +34,7 @@ import attrs
 import torch
 from torch.fx.node import Node
 
+from . import _torch
 from .canon import (is_check, is_commutative_call, known_floating, lined_up_arguments, op_key_of, result_kind,
                     same_literal)
 from .errors import MetadataError
@@ -48,7 +49,7 @@ LinedUp = tuple[tuple[str, ...], tuple[Any, ...], tuple[Any, ...]]
 
 def node_position(node: Node) -> Any:
     """A key that orders the nodes of one graph topologically (graph order), in O(1)."""
-    return node._sort_key
+    return _torch.node_position(node)
 
 
 @attrs.frozen

@@ -22,6 +22,7 @@ import torch
 import torch.fx as fx
 from torch.fx.node import Node, map_arg
 
+from ._torch import FakeTensor, FakeTensorMode, detect_fake_mode, reparametrized
 from .errors import RewriteError
 
 __all__ = ["has_values", "propagate_inputs", "propagate_values"]
@@ -35,8 +36,6 @@ def has_values(nodes: Iterable[Any]) -> bool:
 
 
 def _is_fake(value: Any) -> bool:
-    from torch._subclasses.fake_tensor import FakeTensor
-
     return isinstance(value, FakeTensor)
 
 
@@ -44,10 +43,8 @@ def propagate_inputs(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
     """Annotate every node of ``gm`` with ``meta["val"]`` by running it on fake copies of
     ``example_inputs`` (no real computation happens). Raises :class:`RewriteError` when the
     inputs do not fit the graph."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-    from torch.nn.utils.stateless import _reparametrize_module
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     try:
@@ -55,7 +52,7 @@ def propagate_inputs(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
         # the module's own parameters and buffers are swapped for fake ones while it runs, so an
         # in-place update in forward (a counter, BatchNorm's statistics) changes nothing real
         fake_state = {name: mode.from_tensor(t) for name, t in _state(gm).items()}
-        with _reparametrize_module(gm, fake_state, tie_weights=True, strict=False):
+        with reparametrized(gm, fake_state):
             FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fake_inputs)
     except Exception as exc:
         raise RewriteError(
@@ -75,8 +72,6 @@ def propagate_values(gm: fx.GraphModule, nodes: Iterable[Node]) -> None:
     Nodes whose inputs lack values, or whose computation fails under fake tensors, are left
     without; the rewrite copies the replaced output's value onto the new output anyway.
     """
-    from torch._guards import detect_fake_mode
-
     nodes = list(nodes)
     inputs = [a.meta.get("val") for n in nodes for a in n.all_input_nodes]
     mode = detect_fake_mode([v for v in inputs if _is_fake(v)])

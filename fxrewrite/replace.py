@@ -27,6 +27,7 @@ import torch
 import torch.fx as fx
 from torch.fx.node import Node
 
+from ._torch import is_erased, tree_leaves
 from .canon import aten_spelling, result_kind, written_arguments
 from .errors import RewriteError
 from .match import Match, node_position
@@ -46,7 +47,7 @@ CONCRETE_METHODS = frozenset({"size", "dim", "numel", "is_floating_point", "is_c
 def _concrete(value: Any) -> bool:
     """A Python value without symbolic parts (a SymInt would leak a shape variable into code)."""
     return not any(isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool))
-                   for v in torch.utils._pytree.tree_leaves(value))
+                   for v in tree_leaves(value))
 
 
 class _ValueProxy(fx.Proxy):
@@ -208,7 +209,7 @@ class _ReplacementTracer(fx.Tracer):
 
     def rollback(self) -> None:
         for node in reversed(self.created):
-            if not node._erased:
+            if not is_erased(node):
                 for user in list(node.users):
                     user.replace_input_with(node, None)  # created nodes only feed each other
                 self.graph.erase_node(node)
@@ -224,7 +225,7 @@ class _ReplacementTracer(fx.Tracer):
 
 
 def _contains_proxy(values: Any) -> bool:
-    return any(isinstance(v, fx.Proxy) for v in torch.utils._pytree.tree_leaves(values))
+    return any(isinstance(v, fx.Proxy) for v in tree_leaves(values))
 
 
 class _ModuleCalls:
@@ -320,7 +321,7 @@ class _Template:
         nodes = tuple((n.op, n.target, fx.node.map_aggregate(n.args, symbolic), fx.node.map_aggregate(n.kwargs, symbolic))
                       for n in created)
         template = cls(nodes, tuple(symbolic(o) for o in outputs))
-        leaves = torch.utils._pytree.tree_leaves((template.nodes, template.outputs))
+        leaves = tree_leaves((template.nodes, template.outputs))
         return None if any(leaf is _UNKNOWN for leaf in leaves) else template
 
     def replay(self, match: Match, tracer: _ReplacementTracer) -> list[Node]:
@@ -502,7 +503,7 @@ def _check_created(match: Match, rule: Rule, created: list[Node]) -> None:
     graph = match.anchor.graph
     for node in created:
         for arg in node.all_input_nodes:
-            if arg._erased or arg.graph is not graph or node_position(arg) >= node_position(node):
+            if is_erased(arg) or arg.graph is not graph or node_position(arg) >= node_position(node):
                 raise RewriteError(
                     f"{_where(rule, match)}: the replacement's node '{node.name}' reads '{arg.name}', which is not a "
                     f"live value of this graph before it (a Proxy kept from another rewrite, or a node moved?). The "
@@ -595,5 +596,5 @@ def _copy_value_meta(source: Mapping[str, Any], target: dict[str, Any]) -> None:
 
 def _erase(graph: fx.Graph, match: Match) -> None:
     for node in reversed(match.nodes):
-        if not node._erased:
+        if not is_erased(node):
             graph.erase_node(node)

@@ -38,6 +38,7 @@ import torch
 import torch.fx as fx
 from torch.fx.node import Node
 
+from ._torch import is_erased, tree_flatten, tree_leaves, tree_unflatten
 from .canon import alias_class, is_written, mutation, op_key_of, same_literal
 from .errors import ArgumentError, DidNotConverge, FxRewriteError, RewriteError
 from .index import OpIndex
@@ -217,7 +218,7 @@ def _drop_dead_attributes(gm: fx.GraphModule, *, owned: bool) -> None:
 
 def _output_values(graph: fx.Graph) -> tuple[Node, list[Any]]:
     output = next(n for n in reversed(graph.nodes) if n.op == "output")
-    return output, torch.utils._pytree.tree_leaves(output.args)
+    return output, tree_leaves(output.args)
 
 
 def _shares_an_input(value: Any) -> bool:
@@ -253,8 +254,8 @@ def _keep_outputs_fresh(graph: fx.Graph, fresh: list[bool], *, aten: bool) -> No
             clone.meta["stack_trace"] = "fxrewrite: the output was a new tensor before rewriting; it stays one\n"
             clones[value] = clone
     positions = iter(stale)
-    leaves, spec = torch.utils._pytree.tree_flatten(output.args)
-    output.args = torch.utils._pytree.tree_unflatten(
+    leaves, spec = tree_flatten(output.args)
+    output.args = tree_unflatten(
         [clones[v] if next(positions) else v for v in leaves], spec)
 
 
@@ -335,7 +336,7 @@ class _Driver:
                 self.on_progress(self.rewrites, sum(len(q) for q in self.queues.values()))
             _, _, node = heapq.heappop(self.queues[level])
             self.queued[level].discard(node)
-            if not node._erased:
+            if not is_erased(node):
                 self._visit(node, level)
 
     def _visit(self, node: Node, level: int) -> None:
@@ -422,11 +423,11 @@ class _Driver:
         """Queue what the rewrite may have made matchable: the new nodes, and what lies
         downstream of them and of the inputs that lost a user (such an input may now be an inner
         node of a match, but only if it has no more users than the largest pattern has nodes)."""
-        lost_a_user = [n for n in inputs if not n._erased and len(n.users) <= self.largest]
-        frontier = [n for n in (*created, *lost_a_user) if not n._erased]
+        lost_a_user = [n for n in inputs if not is_erased(n) and len(n.users) <= self.largest]
+        frontier = [n for n in (*created, *lost_a_user) if not is_erased(n)]
         seen = set(frontier)
         for n in created:
-            if not n._erased:
+            if not is_erased(n):
                 self._push(n)
         for _ in range(self.reach):
             next_frontier = []

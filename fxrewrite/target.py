@@ -20,10 +20,10 @@ from typing import Any
 import attrs
 import torch
 import torch.fx as fx
-from torch.fx.graph_module import _copy_attr
 
-from .pattern import TRACING, ThreadConfinedTracer
+from ._torch import copy_attribute, set_graph_without_compiling
 from .errors import RewriteError, TargetError
+from .pattern import TRACING, ThreadConfinedTracer
 
 __all__ = ["Target", "load_target", "to_graph_module", "traced_or_exported"]
 
@@ -172,9 +172,8 @@ def _module_without_code(root: torch.nn.Module, graph: fx.Graph, class_name: str
     new = fx.GraphModule(torch.nn.Module(), placeholder_graph, class_name=class_name)
     for node in graph.nodes:
         if node.op in ("get_attr", "call_module"):
-            _copy_attr(root, new, node.target)
-    new._graph = graph  # the graph setter would compile it now
-    graph.owning_module = new
+            copy_attribute(root, new, node.target)
+    set_graph_without_compiling(new, graph)
     new.training = root.training
     tracer_cls = graph._tracer_cls
     new._tracer_cls = tracer_cls if tracer_cls and "<locals>" not in tracer_cls.__qualname__ else None
