@@ -168,7 +168,7 @@ def _by_name(function: Callable[..., Any], name: str) -> Callable[..., Any]:
     return adapt
 
 
-_SAME_ORDER = {F.relu6: "relu6", F.hardswish: "hardswish", F.hardsigmoid: "hardsigmoid", F.mish: "mish",
+_SAME_ORDER: dict[Callable[..., Any], str] = {F.relu6: "relu6", F.hardswish: "hardswish", F.hardsigmoid: "hardsigmoid", F.mish: "mish",
                F.leaky_relu: "leaky_relu", F.elu: "elu", F.hardtanh: "hardtanh", F.selu: "selu", F.celu: "celu"}
 
 #: ``torch.nn.functional`` functions written in Python, mapped onto their ATen op.
@@ -608,7 +608,7 @@ def _inplace_flag(node: Node) -> bool:
         return True
     if node.op == "call_function" and node.target in FUNCTIONALS:
         try:
-            bound = inspect.signature(node.target).bind(*node.args, **node.kwargs)
+            bound = inspect.signature(node.target).bind(*node.args, **node.kwargs)  # type: ignore[arg-type]
         except TypeError:
             return False
         return bound.arguments.get("inplace") is True
@@ -618,7 +618,7 @@ def _inplace_flag(node: Node) -> bool:
 def _submodule(node: Node) -> Any:
     owner = node.graph.owning_module
     try:
-        return owner.get_submodule(node.target) if owner is not None else None
+        return owner.get_submodule(str(node.target)) if owner is not None else None
     except AttributeError:
         return None
 
@@ -645,13 +645,15 @@ def aliased_inputs(node: Node) -> tuple[Node, ...]:
     if node.op == "call_function" and node.target is operator.getitem:
         return (node.args[0],) if isinstance(node.args[0], Node) else ()
     if node.op == "call_function" and node.target is getattr:
-        return (node.args[0],) if node.args[1] in VIEW_ATTRIBUTES and isinstance(node.args[0], Node) else ()
+        source = node.args[0]
+        return (source,) if node.args[1] in VIEW_ATTRIBUTES and isinstance(source, Node) else ()
     if result_kind(node) == "value" or is_check(node):
         return ()
     if node.op in ("call_function", "call_method"):
         conversion = dtype_conversion(node.op, node.target, node.args, node.kwargs)
         if conversion is not None:  # `to` returns its input when the dtype already fits
-            return (node.args[0],) if not _always_copies(node) else ()
+            source = node.args[0]
+            return (source,) if isinstance(source, Node) and not _always_copies(node) else ()
         found = aten_overload(node.op, node.target, node.args, node.kwargs)
         if found is not None:
             return _schema_aliases(*found)
@@ -796,7 +798,7 @@ def _function_kind(node: Node, seen: dict[Node, ResultKind]) -> ResultKind:
     if target is operator.getitem:
         source = node.args[0]
         kind = _kind(source, seen) if isinstance(source, Node) else "unknown"
-        return {"value": "value", "tensor": "tensor"}.get(kind, "unknown")
+        return kind if kind in ("value", "tensor") else "unknown"
     if getattr(target, "__module__", None) == "math":
         return "value"
     if target in _PYTHON_ARITHMETIC:

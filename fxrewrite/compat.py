@@ -81,7 +81,7 @@ def _graph_of(obj: Callable[..., Any] | fx.Graph | fx.GraphModule) -> fx.Graph:
     if isinstance(obj, fx.Graph):
         return obj
     with TRACING, torch_state_preserved():  # a pattern or replacement function runs here: it changes nothing global
-        return fx.symbolic_trace(obj).graph  # type: ignore[arg-type]
+        return fx.symbolic_trace(obj).graph
 
 
 def _replace_pattern(
@@ -105,6 +105,7 @@ def _replace_pattern(
     replaced = []
     for m in matches:
         graph = replacement_callback(m, gm.graph, pattern_graph) if replacement_callback else common
+        assert graph is not None  # common is built whenever there is no callback
         replaced.append(_splice_copy(gm.graph, m, pattern_graph, graph, changed))
     gm.recompile()
     if isinstance(replacement, torch.nn.Module):

@@ -215,7 +215,7 @@ def _short(node: Node) -> str:
         return f"{node.name} = {inner.split(', ')[0]}.{node.target}({', '.join(inner.split(', ')[1:])})"
     if node.op == "call_module":
         return f"{node.name} = self.{node.target}({inner})"
-    return text
+    return text or node.name
 
 
 def _arg(a: Any) -> str:

@@ -208,7 +208,7 @@ class _Search:
         self.folded_nodes: list[Node] = []
 
     # -- bookkeeping -------------------------------------------------------------------------
-    def fail(self, pn: Node, gv: Any, reason: str) -> None:
+    def fail(self, pn: Any, gv: Any, reason: str) -> None:
         """Remember why the search failed where it got furthest (the closest miss; on a tie, the
         first failure, i.e. the operand order as written)."""
         if self.record and (self.failure is None or len(self.p2g) > self.failure.progress):
@@ -336,9 +336,9 @@ class _Search:
         self.unbind(pn)
 
     def module(self, pn: Node, gn: Node, values: LinedUp) -> Iterator[None]:
-        capture = self.pattern.placeholders.get(pn.target)
+        capture = self.pattern.placeholders.get(str(pn.target))
         param = self.pattern.param_of.get(capture) if capture is not None else None
-        module = self.modules.get(gn.target)
+        module = self.modules.get(str(gn.target))
         if param is None or param.kind != "module":  # a torch.fx-style pattern naming a submodule path
             if gn.target == pn.target:
                 yield from self.arguments(pn, gn, values)
@@ -352,6 +352,7 @@ class _Search:
         if problem is not None:
             self.fail(pn, gn, f"module '{gn.target}' {problem}")
             return
+        assert capture is not None  # a module capture always has its placeholder
         for _ in self.node(capture, gn.target):
             yield from self.arguments(pn, gn, values)
 
@@ -421,7 +422,7 @@ def match_at(pattern: Pattern, anchor: Node, owner: torch.nn.Module | None, *,
                     match, reason = _sound_match(pattern, search.p2g, anchor, modules)
                 if match is not None:
                     yield match
-                elif on_reject is not None:
+                elif on_reject is not None and reason is not None:
                     on_reject(reason)
     if search.failure is not None and on_reject is not None:
         on_reject(search.failure)
@@ -433,10 +434,10 @@ def _once() -> Iterator[None]:
 
 def _sound_match(pattern: Pattern, p2g: Mapping[Node, Any], anchor: Node,
                  modules: Mapping[str, torch.nn.Module]) -> tuple[Match | None, Rejection | None]:
-    inner = {}
+    inner: dict[Node, Node] = {}
     for pn in pattern.inner_nodes:
         gv = p2g.get(pn)
-        if isinstance(gv, Node) and pn not in pattern.value_nodes or pn in pattern.outputs:
+        if isinstance(gv, Node) and (pn not in pattern.value_nodes or pn in pattern.outputs):
             inner[gv] = pn
     outputs = tuple(p2g[o] for o in pattern.outputs)
     output_set = set(outputs)

@@ -93,14 +93,14 @@ def propagate_values(gm: fx.GraphModule, nodes: Iterable[Node]) -> None:
 
 def _run(gm: fx.GraphModule, node: Node, args: Any, kwargs: Any, mode: Any) -> Any:
     if node.op == "call_function":
-        return node.target(*args, **kwargs)
+        return node.target(*args, **kwargs)  # type: ignore[operator]
     if node.op == "call_method":
-        return getattr(args[0], node.target)(*args[1:], **kwargs)
+        return getattr(args[0], str(node.target))(*args[1:], **kwargs)
     if node.op == "call_module":
-        return gm.get_submodule(node.target)(*args, **kwargs)
+        return gm.get_submodule(str(node.target))(*args, **kwargs)
     if node.op == "get_attr":
-        value = gm
-        for part in node.target.split("."):
+        value: Any = gm
+        for part in str(node.target).split("."):
             value = getattr(value, part)
         return mode.from_tensor(value) if isinstance(value, torch.Tensor) else value
     raise ValueError(f"no value for a {node.op} node")

@@ -173,7 +173,7 @@ class _PatternTracer(ThreadConfinedTracer):
         by_name = {p.name: p for p in self._params}
         stubbed = []
         for arg in args:
-            param = by_name.get(getattr(getattr(arg, "node", None), "target", None))
+            param = by_name.get(str(getattr(getattr(arg, "node", None), "target", "")))
             stubbed.append(_ModuleCaptureStub(self, param) if param and param.kind == "module" else arg)
         return fn, stubbed
 

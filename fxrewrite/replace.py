@@ -82,14 +82,14 @@ class _ValueProxy(fx.Proxy):
     def __iter__(self) -> Any:
         val = self._value()
         if isinstance(val, (tuple, list)):
-            return iter([self[i] for i in range(len(val))])
+            return iter([self[i] for i in range(len(val))])  # type: ignore[index]
         frame = inspect.currentframe()
         caller = frame.f_back if frame is not None else None
         if caller is not None:  # a, b = proxy: unpack as torch.fx does, from the caller's bytecode
             instructions = list(dis.get_instructions(caller.f_code))
             index = bisect.bisect_left(instructions, caller.f_lasti, key=lambda i: i.offset)
             if index < len(instructions) and instructions[index].opname == "UNPACK_SEQUENCE":
-                return iter([self[i] for i in range(instructions[index].argval)])
+                return iter([self[i] for i in range(instructions[index].argval)])  # type: ignore[index]
         return self.tracer.iter(self)
 
 
@@ -118,6 +118,7 @@ class _ReplacementTracer(fx.Tracer):
         super().__init__()
         self.graph = gm.graph
         self.root = gm
+        self.root_module = gm  # the GraphModule itself (fx types ``root`` as any nn.Module)
         self.modules = modules
         self.rule: Rule | None = None
         self.created: list[Node] = []
@@ -154,7 +155,7 @@ class _ReplacementTracer(fx.Tracer):
         node.meta["fxrewrite_rule"] = self.rule.name if self.rule else None
         self.created.append(node)
         if self.annotate:  # the replacement may ask this value's shape next
-            propagate_values(self.root, [node])
+            propagate_values(self.root_module, [node])
         return node
 
     def proxy(self, node: Node) -> fx.Proxy:
@@ -194,7 +195,7 @@ class _ReplacementTracer(fx.Tracer):
         path = self._module_paths.get(id(module))
         if path is None:
             path = self._fresh_name(type(module).__name__.lower())
-            self.root.add_submodule(path, module)
+            self.root_module.add_submodule(path, module)
             self.new_attributes.append(path)
             self.modules[path] = module
             self._module_paths[id(module)] = path
@@ -211,7 +212,7 @@ class _ReplacementTracer(fx.Tracer):
         for node in reversed(self.created):
             if not is_erased(node):
                 for user in list(node.users):
-                    user.replace_input_with(node, None)  # created nodes only feed each other
+                    user.replace_input_with(node, None)  # type: ignore[arg-type]  # created nodes only feed each other
                 self.graph.erase_node(node)
         for path in reversed(self.new_attributes):
             value = getattr(self.root, path)
@@ -577,7 +578,7 @@ def _unpacked(result: fx.Proxy, n_out: int, match: Match, rule: Rule) -> Any:
             f"{len(val)} results; return exactly one value per pattern output.")
     if result_kind(result.node) == "tensor":
         return result  # one tensor: reported as a count mismatch below
-    return [result[i] for i in range(n_out)]
+    return [result[i] for i in range(n_out)]  # type: ignore[index]
 
 
 def _rewire(match: Match, new_outputs: list[Node]) -> None:

@@ -122,7 +122,7 @@ def rewrite(
     except FxRewriteError as exc:
         if inplace and driver.rewrites:
             gm.recompile()
-            exc.add_note(f"inplace=True: the module keeps the {driver.rewrites} rewrite(s) applied before this error.")
+            _add_note(exc, f"inplace=True: the module keeps the {driver.rewrites} rewrite(s) applied before this error.")
         raise
     try:
         gm.graph.lint()
@@ -137,6 +137,14 @@ def rewrite(
     report = Report({r.name: driver.tallies[r.name].freeze() for r in ruleset}, driver.rewrites,
                     time.perf_counter() - started, driver.last_rewrite)
     return RewriteResult(gm, report)
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)`` (Python 3.11+); on 3.10 the note joins the message."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    else:
+        exc.args = (f"{exc.args[0] if exc.args else ''}\n{note}", *exc.args[1:])
 
 
 def _check_arguments(*, inplace: Any, max_rewrites: Any, example_inputs: Any, debug: Any, on_progress: Any,

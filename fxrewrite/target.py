@@ -205,7 +205,7 @@ def _copy_graph(graph: fx.Graph) -> fx.Graph:
     for node in graph.nodes:
         args = fx.node.map_arg(node.args, env.__getitem__)
         kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
-        copied = fx.Node(new, node.name, node.op, node.target, args, kwargs, node.type)  # type: ignore[arg-type]
+        copied = fx.Node(new, node.name, node.op, node.target, args, kwargs, node.type)
         copied.meta = copy.copy(node.meta)
         new._insert(copied)
         new._find_nodes_lookup_table.insert(copied)
