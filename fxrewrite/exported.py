@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -68,15 +68,21 @@ def rewrite_program(program: ExportedProgram, ruleset: RuleSet, *, inplace: bool
             "its shape and dtype (meta['val']). Drop example_inputs=."
         )
     from .rewrite import rewrite
+    from .target import to_graph_module
 
-    result = rewrite(program.graph_module, ruleset, **options)  # rewrites a copy of the lifted graph
-    rebuilt = rebuild_program(program, result.module)
+    lifted = to_graph_module(program.graph_module)  # a copy: the program is never modified
+    pinned = _pin_boundaries(lifted, program)
+    result = rewrite(lifted, ruleset, **options)
+    renamed = _unpin_boundaries(result.module, pinned)
+    rebuilt = rebuild_program(program, result.module, renamed=renamed)
     return RewriteResult(rebuilt.module(), result.report, exported_program=rebuilt)
 
 
-def rebuild_program(program: ExportedProgram, gm: fx.GraphModule) -> ExportedProgram:
+def rebuild_program(program: ExportedProgram, gm: fx.GraphModule, *,
+                    renamed: Mapping[str, str] | None = None) -> ExportedProgram:
     """A new ``ExportedProgram`` like ``program`` whose graph is ``gm``, a rewritten copy of
-    ``program.graph_module`` (same placeholders, same number of outputs)."""
+    ``program.graph_module`` (same placeholders, same number of outputs). ``renamed`` maps the
+    names of values at preserved module boundaries to the nodes that now compute them."""
     _refuse_module_calls(gm)
     signature = _updated_signature(program.graph_signature, gm)
     constants = dict(program.constants)
@@ -89,7 +95,7 @@ def rebuild_program(program: ExportedProgram, gm: fx.GraphModule) -> ExportedPro
             graph_signature=signature,
             state_dict=program.state_dict,
             range_constraints=copy.deepcopy(program.range_constraints),
-            module_call_graph=_copied_call_graph(program),
+            module_call_graph=_copied_call_graph(program, renamed or {}),
             example_inputs=program.example_inputs,
             constants=constants,
             verifiers=program.verifiers,
@@ -105,15 +111,63 @@ def rebuild_program(program: ExportedProgram, gm: fx.GraphModule) -> ExportedPro
     return rebuilt
 
 
-def _copied_call_graph(program: ExportedProgram) -> list[Any]:
+def _boundary_names(program: ExportedProgram) -> list[str]:
+    """Names of the values at the boundaries of modules whose call signature the program
+    preserves (``torch.export.export(..., preserve_module_call_signature=...)``)."""
+    names: dict[str, None] = {}
+    for entry in program.module_call_graph:
+        if entry.signature is not None:
+            for arg in (*entry.signature.inputs, *entry.signature.outputs):
+                if isinstance(getattr(arg, "name", None), str):
+                    names.setdefault(arg.name)
+    return list(names)
+
+
+def _pin_boundaries(gm: fx.GraphModule, program: ExportedProgram) -> list[str]:
+    """Make the values at preserved module boundaries extra graph outputs while rules run: a
+    match can then not swallow one (it has a user outside the match), and a rewrite that
+    replaces one rewires the extra output, which says what computes the value now."""
+    by_name = {n.name: n for n in gm.graph.nodes}
+    names = [name for name in _boundary_names(program) if name in by_name]
+    if names:
+        output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+        output.args = ((*output.args[0], *(by_name[name] for name in names)),)
+    return names
+
+
+def _unpin_boundaries(gm: fx.GraphModule, names: Sequence[str]) -> dict[str, str]:
+    """Drop the extra outputs of :func:`_pin_boundaries`; map each boundary name to the node
+    that computes its value now."""
+    if not names:
+        return {}
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    values = list(output.args[0])
+    kept, pinned = values[:-len(names)], values[-len(names):]
+    output.args = (tuple(kept),)
+    renamed = {}
+    for name, node in zip(names, pinned):
+        if not node.users and node.target is torch.ops.aten.clone.default and "fxrewrite_rule" not in node.meta:
+            gm.graph.erase_node(node)  # the driver's clone for an output that became an input: not needed
+            node = node.args[0]
+        if node.name != name:
+            renamed[name] = node.name
+    return renamed
+
+
+def _copied_call_graph(program: ExportedProgram, renamed: Mapping[str, str]) -> list[Any]:
     """The module call graph, with fresh argument lists (the program's constructor may rename
-    arguments in them). ``copy.deepcopy`` would also copy the pytree specs, which warns."""
+    arguments in them) naming the nodes that now compute boundary values. ``copy.deepcopy``
+    would also copy the pytree specs, which warns."""
+    def fresh(arg: Any) -> Any:
+        name = getattr(arg, "name", None)
+        return dataclasses.replace(arg, name=renamed[name]) if name in renamed else copy.copy(arg)
+
     entries = []
     for entry in program.module_call_graph:
         signature = entry.signature
         if signature is not None:
-            signature = dataclasses.replace(signature, inputs=[copy.copy(a) for a in signature.inputs],
-                                            outputs=[copy.copy(a) for a in signature.outputs])
+            signature = dataclasses.replace(signature, inputs=[fresh(a) for a in signature.inputs],
+                                            outputs=[fresh(a) for a in signature.outputs])
         entries.append(dataclasses.replace(entry, signature=signature))
     return entries
 

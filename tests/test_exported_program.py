@@ -253,3 +253,53 @@ def test_gpt2_eager_attention_becomes_sdpa_in_the_exported_program(tmp_path):
         torch.testing.assert_close(rewritten.module()(ids), expected, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(torch.export.load(tmp_path / "gpt2.pt2").module()(ids), expected,
                                    rtol=1e-4, atol=1e-5)
+
+
+class _Gate(nn.Module):
+    def forward(self, x):
+        return x * torch.sigmoid(x)
+
+
+class _Gated(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(6, 6)
+        self.gate = _Gate()
+
+    def forward(self, x):
+        return torch.relu(-(-self.gate(self.proj(x))))
+
+
+def _preserved_gate_program() -> tuple[nn.Module, ExportedProgram]:
+    torch.manual_seed(0)
+    model = _Gated().eval()
+    return model, torch.export.export(model, (X,), preserve_module_call_signature=("gate",))
+
+
+def test_values_at_preserved_module_boundaries_are_renamed_and_never_swallowed(tmp_path):
+    model, program = _preserved_gate_program()
+    across = Rule.from_functions(lambda x: torch.neg(torch.neg(x * torch.sigmoid(x))), lambda x: F.silu(x),
+                                 name="across")  # would swallow the gate's output
+    result = fxrewrite.rewrite(program, RuleSet([across, SILU, NEG_NEG]))
+    assert result.report.applied == {"across": 0, "silu": 1, "neg_neg": 1}
+    rewritten = result.exported_program
+    (gate,) = [e for e in rewritten.module_call_graph if e.fqn == "gate"]
+    names = {n.name: n for n in rewritten.graph.nodes}
+    (out,) = gate.signature.outputs
+    assert names[out.name].target is torch.ops.aten.silu.default  # the node that computes the gate's output now
+    torch.testing.assert_close(rewritten.module()(X), model(X))
+    torch.export.save(rewritten, tmp_path / "gated.pt2")
+    torch.testing.assert_close(torch.export.load(tmp_path / "gated.pt2").module()(X), model(X))
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "core (replace.py): nodes a replacement creates carry no meta['nn_module_stack'] (nor 'source_fn_stack'), so "
+    "torch.export.unflatten raises 'Unable to find nn_module_stack for node silu'. Copy the anchor's "
+    "nn_module_stack/source_fn_stack to the created nodes (as torch.fx.traceback.preserve_node_meta + "
+    "set_current_meta(anchor) does for Inductor's replace_by_example); quantizers and ExecuTorch partitioners "
+    "read them too."))
+def test_rewritten_program_with_a_preserved_module_unflattens():
+    model, program = _preserved_gate_program()
+    rewritten = fxrewrite.rewrite(program, SILU).exported_program
+    unflat = torch.export.unflatten(rewritten)
+    torch.testing.assert_close(unflat(X), model(X))
