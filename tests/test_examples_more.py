@@ -13,7 +13,6 @@ import math
 import subprocess
 import sys
 import textwrap
-import time
 import warnings
 from pathlib import Path
 
@@ -394,9 +393,7 @@ def test_bench_models_quick_runs_checks_and_prints_the_table():
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
     buf = io.StringIO()
-    started = time.perf_counter()
     assert bench_models.main(["--quick"], out=buf) == 0, buf.getvalue()
-    assert time.perf_counter() - started < 60
     out = buf.getvalue()
     header = next(line for line in out.splitlines() if line.startswith("model "))
     assert header.split()[:4] == ["model", "level", "nodes", "rewrites"]

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.fx as fx
 
-from fxrewrite import RewriteError, Rule, TensorView, rewrite
+from fxrewrite import RewriteError, Rule, rewrite
 
 
 def relu_relu(**kw):
@@ -119,7 +119,3 @@ def test_bad_example_inputs_are_a_clear_error():
 def test_unknown_binding_name_lists_the_parameters():
     with pytest.raises(RewriteError, match=r"the pattern has no parameter 'y'; it has \['x'\]"):
         rewrite(f, relu_relu(where=lambda m: m["y"]))
-
-
-def test_tensor_view_is_exported():
-    assert TensorView.__name__ == "TensorView"

@@ -144,9 +144,19 @@ def test_inplace_needs_a_graph_module():
 
 
 def test_debug_mode_lints_after_each_rewrite(monkeypatch):
+    import torch.fx as fx
+
+    lints = []
+    original = fx.Graph.lint
+    monkeypatch.setattr(fx.Graph, "lint", lambda self: lints.append(1) or original(self))
     monkeypatch.setenv("FXREWRITE_DEBUG", "1")
     result = rewrite(traced(), neg_neg(lambda x: x))
     assert result.report.applied["neg_neg"] == 1
+    with_debug = len(lints)
+    lints.clear()
+    monkeypatch.setenv("FXREWRITE_DEBUG", "0")
+    rewrite(traced(), neg_neg(lambda x: x))
+    assert with_debug == len(lints) + 1  # one lint after the rewrite, besides the final one
 
 
 # ---- replay: a replacement's recorded graph spliced again, instead of calling it per match -------------------------

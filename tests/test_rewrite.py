@@ -49,22 +49,22 @@ def test_five_stacked_relu_become_one_in_one_call():
     assert_rewritten(model, result, x)
 
 
-def test_result_exposes_regenerated_code():
+def test_result_code_is_the_regenerated_forward_of_the_rewritten_graph():
     result = rewrite(StackedRelu(), RELU_RELU)
-    assert result.code == result.module.code
     assert result.code.count("torch.relu") == 1
+    regenerated = fx.GraphModule(result.module, result.module.graph).code  # from the graph itself
+    assert result.code == regenerated
+    result.module.graph.lint()
 
 
 def test_variables_bind_non_injectively():
-    add_relu = rule(lambda a, b: torch.relu(a + b), lambda a, b: torch.relu(2 * a) if False else torch.relu(a + b) * 1,
-                    name="add_relu")
     double = rule(lambda a, b: torch.relu(a + b), lambda a, b: torch.sigmoid(a - b), name="marker")
     f = lambda x: torch.relu(x + x)  # noqa: E731
     result = rewrite(f, double)
     assert result.report.applied["marker"] == 1
+    result.module.graph.lint()
     x = torch.randn(5)
     torch.testing.assert_close(result.module(x), torch.sigmoid(x - x))
-    assert add_relu.name == "add_relu"
 
 
 def test_same_variable_must_bind_the_same_value():
@@ -274,7 +274,7 @@ def test_multi_output_match_that_would_create_a_cycle_is_refused():
         s = torch.sin(a)
         # cos of the same input, but computed after a value that depends on sin: fusing both
         # into one block is fine; what must never happen is an input depending on an output.
-        return s, torch.cos(a + 0) if False else torch.cos(a)
+        return s, torch.cos(a)
 
     fused = rule(pattern, lambda x: (torch.sin(x) * 1, torch.sin(x + math.pi / 2)), name="fused")
     for fn in (f, g):
@@ -335,8 +335,8 @@ def test_higher_priority_rule_wins_where_both_could_fire():
 
 
 def test_rule_after_rewrite_fires_on_the_new_nodes():
-    to_neg = rule(lambda x: torch.sub(0, x) if False else torch.mul(x, -1.0) if False else -torch.abs(torch.abs(x)),
-                  lambda x: torch.neg(torch.neg(torch.neg(torch.abs(x)))), name="expand")
+    to_neg = rule(lambda x: -torch.abs(torch.abs(x)), lambda x: torch.neg(torch.neg(torch.neg(torch.abs(x)))),
+                  name="expand")
     f = lambda a: -torch.abs(torch.abs(a))  # noqa: E731
     result = rewrite(f, [to_neg, NEG_NEG])
     assert result.report.applied == {"expand": 1, "neg_neg": 1}
@@ -439,7 +439,7 @@ def test_tensor_variable_does_not_bind_a_python_int_node_when_metadata_says_so()
 
     def f(a):
         n = a.size(0) + a.size(1)  # int arithmetic on symbolic sizes: not a tensor add
-        return a.reshape(n) if False else a * n
+        return a * n
 
     result = rewrite(f, plus, example_inputs=(torch.randn(2, 3),))
     assert result.report.applied["plus"] == 0
