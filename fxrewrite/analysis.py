@@ -317,7 +317,9 @@ def _start_for(rule: Rule) -> _Start | str:
         if untyped is None and _verdict(rule, match) is not False:
             untyped = _Start(rule, *_fresh(rule, literals, modules), False)
         for ranks, dtype in itertools.product(_probe_ranks(rule), _probe_dtypes(rule)):
-            if _typed(gm, _probe_inputs(rule, dtype, ranks, modules)) and _verdict(rule, match) is True:
+            inputs = _probe_inputs(rule, dtype, ranks, modules)
+            # real values first (fast), fake ones (what rewriting keeps up to date) once they fit
+            if _ran(gm, inputs) and _verdict(rule, match) is True and _typed(gm, inputs):
                 return _Start(rule, gm, match, True)
     if untyped is None:
         return "no probe input satisfies its pattern and guards"
@@ -335,6 +337,28 @@ def _own_match(rule: Rule, gm: fx.GraphModule, anchor: Node) -> Match | None:
     modules = dict(gm.named_modules())
     matches = match_at(rule.compiled, anchor, gm, modules=modules, candidates=lambda key: _nodes_with_key(gm.graph, key))
     return next(iter(matches), None)
+
+
+class _Recorder(fx.Interpreter):
+    """Runs a graph, leaving each node's value in ``meta["val"]`` (what guards read)."""
+
+    def run_node(self, n: Node) -> Any:
+        value = super().run_node(n)
+        n.meta["val"] = value
+        return value
+
+
+def _ran(gm: fx.GraphModule, inputs: Mapping[str, Any]) -> bool:
+    """Run ``gm`` on ``inputs``, recording real values on its nodes; False when it raises."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    try:
+        with torch.no_grad():
+            _Recorder(gm).run(*(inputs[str(p.target)] for p in placeholders))
+    except Exception:
+        for n in gm.graph.nodes:
+            n.meta.pop("val", None)
+        return False
+    return True
 
 
 def _typed(gm: fx.GraphModule, inputs: Mapping[str, Any]) -> bool:
@@ -537,7 +561,7 @@ class _Path:
 
 def _cycles(ruleset: Any, starts: Mapping[str, _Start], looping: set[str]) -> list[Finding]:
     found: dict[frozenset[str], Finding] = {}
-    active = [r for r in ruleset if r.name not in looping]
+    active = _by_anchor_key([r for r in ruleset if r.name not in looping])
     for name, start in starts.items():
         if name in looping:
             continue
@@ -548,7 +572,16 @@ def _cycles(ruleset: Any, starts: Mapping[str, _Start], looping: set[str]) -> li
     return list(found.values())
 
 
-def _cycle_paths(start: _Start, rules: Sequence[Rule]) -> Iterator[_Path]:
+def _by_anchor_key(rules: Sequence[Rule]) -> dict[Any, list[Rule]]:
+    """Rules by the op key of their anchor, highest priority first (rule-set order within a
+    level): the order in which the driver tries them at a node."""
+    by_key: dict[Any, list[Rule]] = {}
+    for rule in sorted(rules, key=lambda r: -r.priority):  # stable
+        by_key.setdefault(rule.anchor_key, []).append(rule)
+    return by_key
+
+
+def _cycle_paths(start: _Start, rules: Mapping[Any, Sequence[Rule]]) -> Iterator[_Path]:
     """Rewrite paths from ``start`` (the first step by its own rule) that reach a graph seen
     before on the path: the rules between the two sightings undo each other."""
     first = _rewritten(start)
@@ -573,12 +606,10 @@ def _cycle_paths(start: _Start, rules: Sequence[Rule]) -> Iterator[_Path]:
                 frontier.append(step)
 
 
-def _driver_choices(gm: fx.GraphModule, rules: Sequence[Rule]) -> list[tuple[Rule, Match, bool | None]]:
+def _driver_choices(gm: fx.GraphModule,
+                    by_key: Mapping[Any, Sequence[Rule]]) -> list[tuple[Rule, Match, bool | None]]:
     """What the driver could apply next in ``gm``: at each node, the first matching rule of the
     highest priority level that matches anywhere in the graph (rule-set order within a level)."""
-    by_key: dict[Any, list[Rule]] = {}
-    for rule in sorted(rules, key=lambda r: -r.priority):  # stable: rule-set order within a level
-        by_key.setdefault(rule.anchor_key, []).append(rule)
     modules = dict(gm.named_modules())
     choices = []
     for node in gm.graph.nodes:
