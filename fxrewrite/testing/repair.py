@@ -245,10 +245,11 @@ class Repair:
         """The ``where=`` and ``domain=`` arguments to paste into the rule's definition."""
         lines = []
         guards = [r.guard for r in self.restrictions if r.guard is not None]
+        own = "  # in addition to the rule's own guards" if len(self.rule.where) > len(guards) else ""
         if len(guards) == 1:
-            lines.append(f"where={guards[0]},")
+            lines.append(f"where={guards[0]},{own}")
         elif guards:
-            lines.append("where=(" + ", ".join(guards) + "),")
+            lines.append("where=(" + ", ".join(guards) + f"),{own}")
         if any(r.guard is None for r in self.restrictions):
             shown = {k: v for k, v in self.domain.items() if k in _PRINTABLE_DOMAIN_KEYS}
             rest = "  # and the rule's other domain keys" if len(shown) < len(self.domain) else ""

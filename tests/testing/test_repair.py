@@ -146,3 +146,13 @@ def test_a_repaired_rule_does_not_fire_where_the_graph_cannot_show_its_guard_hol
     assert out.report.rewrites == 0
     value = torch.tensor([True, False])
     torch.testing.assert_close(out.module(value), value * 1)
+
+
+def test_a_repair_keeps_the_rules_own_guards_and_says_so():
+    def at_least_a_vector(m):
+        return m["x"].dim() >= 1
+
+    rule = R(lambda x: x * 1, lambda x: x, name="mul_one", where=at_least_a_vector)
+    result = check_rule(rule)
+    assert result.repair.where[0] is at_least_a_vector and len(result.repair.where) == 2
+    assert result.repair_code.endswith("# in addition to the rule's own guards")
