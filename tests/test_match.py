@@ -1,0 +1,108 @@
+"""The matcher (``fxrewrite.match``), called directly: what a match binds, why a candidate is
+missed, and the soundness checks (containment, variables bound to the match's own values,
+cycles), without the driver around it."""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from fxrewrite.match import Match, MatchOptions, Rejection, match_at
+from fxrewrite.pattern import trace_pattern
+
+
+def pattern_of(fn, name="p"):
+    return trace_pattern(fn, rule_name=name, origin="<test>:1")
+
+
+def node(gm: fx.GraphModule, name: str) -> fx.Node:
+    return next(n for n in gm.graph.nodes if n.name == name)
+
+
+def matches(pattern, gm, anchor_name, **kwargs) -> tuple[list[Match], list[Rejection]]:
+    rejections: list[Rejection] = []
+    found = list(match_at(pattern, node(gm, anchor_name), gm, on_reject=rejections.append, **kwargs))
+    return found, rejections
+
+
+def test_a_match_binds_variables_nodes_and_outputs():
+    pattern = pattern_of(lambda x, y: torch.relu(x + y))
+    gm = fx.symbolic_trace(lambda a, b: torch.relu(a + b) * 2)
+    found, _ = matches(pattern, gm, "relu")
+    assert [(m.node("x").name, m.node("y").name) for m in found] == [("a", "b"), ("b", "a")]  # + commutes
+    m = found[0]
+    assert [n.name for n in m.nodes] == ["add", "relu"]
+    assert [n.name for n in m.outputs] == ["relu"] and m.anchor.name == "relu"
+
+
+def test_commutative_operands_match_in_either_order_and_can_be_switched_off():
+    pattern = pattern_of(lambda x, y: torch.relu(x) + y)
+    gm = fx.symbolic_trace(lambda a, b: b + torch.relu(a))
+    assert len(matches(pattern, gm, "add")[0]) == 1
+    assert matches(pattern, gm, "add", options=MatchOptions(commutative=False))[0] == []
+
+
+def test_an_inner_value_used_outside_is_a_rejection_naming_the_user():
+    pattern = pattern_of(lambda x: torch.neg(torch.neg(x)))
+    gm = fx.symbolic_trace(lambda a: (lambda inner: torch.neg(inner) + inner)(torch.neg(a)))
+    found, rejections = matches(pattern, gm, "neg_1")
+    assert found == []
+    assert any("is also used by 'add' outside the match" in r.reason for r in rejections)
+
+
+def test_a_variable_never_binds_a_value_the_match_computes():
+    pattern = pattern_of(lambda a, b: torch.relu(a) + b)
+    gm = fx.symbolic_trace(lambda t: (lambda r: r + r)(torch.relu(t)))
+    found, rejections = matches(pattern, gm, "add")
+    assert found == []
+    assert any("which the match itself computes" in r.reason for r in rejections)
+
+
+def test_a_literal_binds_only_a_typed_capture_of_its_type():
+    untyped = pattern_of(lambda x, s: x * s)
+    gm = fx.symbolic_trace(lambda a: a * 0.5)
+    found, rejections = matches(untyped, gm, "mul")
+    assert found == [] and any("cannot bind the constant 0.5" in r.reason for r in rejections)
+
+    def scaled(x, s: float):
+        return x * s
+
+    (m,), _ = matches(pattern_of(scaled), gm, "mul")
+    assert m["s"] == 0.5
+
+
+def test_the_closest_miss_names_the_argument_and_both_values():
+    pattern = pattern_of(lambda x: torch.sum(x, dim=1))
+    gm = fx.symbolic_trace(lambda a: torch.sum(a, dim=0))
+    found, rejections = matches(pattern, gm, "sum_1")
+    assert found == []
+    assert any("argument 'dim' differs: pattern has 1, graph has 0" in r.reason for r in rejections)
+
+
+def test_a_multi_output_match_that_would_feed_itself_is_refused():
+    def pattern(x, y):
+        r = torch.relu(x)
+        return r, r + y
+
+    def feeds_itself(v):
+        r = torch.relu(v)
+        return r + torch.neg(r)
+
+    gm = fx.symbolic_trace(feeds_itself)
+    found, rejections = matches(pattern_of(pattern), gm, "add")
+    assert found == []
+    assert any("would create a cycle" in r.reason for r in rejections)
+
+
+def test_checks_export_adds_go_with_the_match():
+    class Net(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x).to(torch.float64)
+
+    program = torch.export.export(Net(), (torch.randn(3),))
+    gm = program.graph_module
+    pattern = pattern_of(lambda x: torch.relu(x).to(torch.float64))
+    anchor = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.to.dtype and n.args[1] == torch.float64)
+    (m,) = match_at(pattern, anchor, gm)
+    checks = [n for n in m.nodes if n.target is torch.ops.aten._assert_tensor_metadata.default]
+    assert checks and all(c.args[0] in m.nodes for c in checks)

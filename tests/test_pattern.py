@@ -1,0 +1,72 @@
+"""Tracing a rule's pattern (``fxrewrite.pattern``): parameters and their kinds, outputs and the
+anchor, the nodes that compute Python values, and the patterns refused when a rule is built."""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated
+
+import pytest
+import torch
+import torch.nn as nn
+
+import fxrewrite
+from fxrewrite.errors import RuleDefinitionError
+from fxrewrite.pattern import Accept, trace_pattern
+
+
+def traced(fn):
+    return trace_pattern(fn, rule_name="p", origin="<test>:1")
+
+
+def test_parameters_are_variables_literal_captures_or_module_captures():
+    def pattern(x, s: float, d: torch.dtype, conv: nn.Conv2d):
+        return conv(x).to(d) * s
+
+    p = traced(pattern)
+    assert [(q.name, q.kind) for q in p.params] == [("x", "tensor"), ("s", "literal"), ("d", "literal"),
+                                                     ("conv", "module")]
+    assert p.anchor.target is __import__("operator").mul and p.anchor_key == ("aten", "mul")
+
+
+def test_annotated_module_captures_say_what_else_they_accept():
+    def pattern(x, lin: Annotated[nn.Linear, fxrewrite.Accept(hooks=True)]):
+        return torch.relu(lin(x))
+
+    (_, lin) = traced(pattern).params
+    assert lin.kind == "module" and lin.annotation is nn.Linear and lin.accept == Accept(hooks=True)
+
+
+def test_size_and_dtype_expressions_are_value_nodes_and_not_anchor_inputs():
+    p = traced(lambda q, k: (q @ k) / math.sqrt(q.size(-1)))
+    assert sorted(n.name for n in p.value_nodes) == ["size", "sqrt"]
+    assert ("aten", "matmul") in p.anchor_input_keys and ("aten", "size") not in p.anchor_input_keys
+
+
+def test_multi_output_patterns_anchor_at_their_last_output():
+    def pattern(x):
+        return torch.sin(x), torch.cos(x)
+
+    p = traced(pattern)
+    assert p.is_multi_output and p.anchor.target is torch.cos
+
+
+@pytest.mark.parametrize("fn, fragment", [
+    (lambda x: x, "returns its parameter 'x' unchanged"),
+    (lambda x: x.add_(1), "in-place method"),
+    (lambda x, y: torch.relu(x), "pattern parameter 'y' is never used"),
+    (lambda x: torch.relu(x) if x.sum() > 0 else x, "cannot be traced"),
+])
+def test_patterns_that_cannot_be_matched_are_refused_when_built(fn, fragment):
+    with pytest.raises(RuleDefinitionError, match=fragment):
+        traced(fn)
+
+
+def test_a_pattern_that_changes_global_state_leaves_no_trace():
+    def pattern(x):
+        torch.set_default_dtype(torch.float64)
+        return torch.relu(x)
+
+    before = torch.get_default_dtype()
+    traced(pattern)
+    assert torch.get_default_dtype() == before
