@@ -461,6 +461,8 @@ class _Hasher:
             return [repr(obj).encode()]
         if isinstance(obj, torch.Tensor):
             return _tensor_parts(obj)
+        if type(obj).__module__ == "numpy" and hasattr(obj, "tobytes") and hasattr(obj, "dtype"):
+            return [repr((str(obj.dtype), getattr(obj, "shape", ()))).encode(), hashlib.sha256(obj.tobytes()).digest()]
         if isinstance(obj, (tuple, list)):
             return self._all(obj, depth)
         if isinstance(obj, (set, frozenset)):
