@@ -49,7 +49,7 @@ from .pattern import Param
 from .replace import Splicer
 from .rule import Rule, RulesLike, as_ruleset
 
-__all__ = ["Finding", "Severity", "analyze", "canonical_form"]
+__all__ = ["Finding", "Severity", "analyze", "canonical_form", "order_dependence"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,10 +68,12 @@ SELF_LOOP_STEPS = 4
 class Finding:
     """One problem :func:`analyze` found in a rule set.
 
-    ``kind`` is ``"self-loop"``, ``"cycle"``, ``"shadowed"`` or ``"not-analysed"``; ``rules`` the
+    ``kind`` is ``"self-loop"``, ``"cycle"``, ``"shadowed"`` or ``"not-analysed"`` (from
+    :func:`analyze`), or ``"order-dependent"`` (from :func:`order_dependence`); ``rules`` the
     names of the rules involved; ``severity`` is ``"error"`` when the rule set makes a rewrite
-    fail (it never reaches a fixed point), ``"warning"`` for a rule that is useless or may loop,
-    ``"note"`` for a rule the analysis could not examine.
+    fail (it never reaches a fixed point) or its result depend on the order of the rules,
+    ``"warning"`` for a rule that is useless or may loop, ``"note"`` for a rule the analysis
+    could not examine.
     """
 
     kind: str
@@ -720,3 +722,129 @@ def _shadow_finding(high: Rule, low: Rule, start: _Start, match: Match) -> Findi
                f"{_origin(high)} matches first ({why}) and has no guard. Raise '{low.name}''s priority above "
                f"{high.priority}, or give '{high.name}' a where= guard, or remove '{low.name}'.")
     return Finding("shadowed", (low.name, high.name), message, "warning")
+
+
+# -- order independence (needs a target) ---------------------------------------------------------
+
+
+@attrs.frozen(eq=False)
+class _Outcome:
+    """What one rewrite of a target produced: the canonical form of its graph, its outputs on
+    the check inputs, the rules that fired, or the error it raised."""
+
+    form: str
+    outputs: Any
+    fired: tuple[str, ...]
+    error: str | None = None
+
+
+def _outcome(target: Any, order: Sequence[Rule], example_inputs: Sequence[Any] | None,
+             check_inputs: Sequence[Any] | None) -> _Outcome:
+    from .rewrite import rewrite
+    from .rule import RuleSet
+
+    try:
+        result = rewrite(target, RuleSet(tuple(order)), example_inputs=example_inputs)
+    except FxRewriteError as exc:
+        return _Outcome("", None, (), f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
+    module = result.module
+    with torch.no_grad():
+        outputs = module(*check_inputs) if check_inputs is not None else None
+    fired = tuple(name for name, count in result.report.applied.items() if count)
+    return _Outcome(_structure(module), outputs, fired)
+
+
+def _structure(module: fx.GraphModule) -> str:
+    """The canonical form of a rewritten module, with constants and submodules named by what
+    they are rather than by the fresh names a rewrite gives them."""
+    form = canonical_form(module.graph, module)
+    for node in module.graph.nodes:
+        if node.op == "get_attr":
+            value = _attribute(module, str(node.target))
+            kind = f"{tuple(value.shape)}:{value.dtype}" if isinstance(value, torch.Tensor) else type(value).__name__
+            form = form.replace(f"get_attr({node.target})", f"get_attr({kind})")
+    return form
+
+
+def _attribute(module: nn.Module, path: str) -> Any:
+    value: Any = module
+    for part in path.split("."):
+        value = getattr(value, part, None)
+    return value
+
+
+def _difference(base: _Outcome, other: _Outcome) -> str | None:
+    """How ``other`` differs from ``base``: ``"raises"``, ``"numeric"``, ``"structural"`` or not."""
+    if (base.error is None) != (other.error is None):
+        return "raises"
+    if base.error is not None:
+        return None
+    if base.outputs is not None:
+        try:
+            torch.testing.assert_close(other.outputs, base.outputs, equal_nan=True)
+        except AssertionError:
+            return "numeric"
+    return "structural" if other.form != base.form else None
+
+
+def order_dependence(target: Any, rules: RulesLike, *, orders: int = 8, seed: int = 0,
+                     example_inputs: Sequence[Any] | None = None,
+                     check_inputs: Sequence[Any] | None = None) -> list[Finding]:
+    """Rewrite ``target`` with ``rules`` in their own order and in ``orders`` random orders (as
+    MLIR's randomised pattern driver does) and report the pairs of rules whose relative order
+    changes the result: ``numeric`` (outputs on ``check_inputs`` differ), ``structural`` (the
+    final graphs differ) or ``raises`` (one order makes the rewrite fail). Only the order within
+    a priority level matters to the driver, so only that is shuffled in effect.
+
+    >>> import torch
+    >>> from fxrewrite import Rule
+    >>> to_add = Rule.from_functions(lambda x: x * 2, lambda x: x + x, name="to_add")
+    >>> to_float = Rule.from_functions(lambda x: x * 2, lambda x: x * 2.0, name="to_float")
+    >>> [(f.kind, f.rules) for f in order_dependence(lambda a: a * 2, [to_add, to_float], orders=4)]
+    [('order-dependent', ('to_add', 'to_float'))]
+    """
+    import random
+
+    ruleset = as_ruleset(rules)
+    base = _outcome(target, ruleset.rules, example_inputs, check_inputs)
+    rng = random.Random(seed)
+    findings: dict[tuple[str, ...], Finding] = {}
+    for _ in range(orders):
+        order = list(ruleset.rules)
+        rng.shuffle(order)
+        outcome = _outcome(target, order, example_inputs, check_inputs)
+        kind = _difference(base, outcome)
+        if kind is None:
+            continue
+        names, how = _culprits(target, ruleset.rules, order, base, outcome, example_inputs, check_inputs)
+        if names not in findings:
+            findings[names] = _order_finding(ruleset, names, how or kind, base, outcome)
+    return sorted(findings.values(), key=lambda f: f.rules)
+
+
+def _culprits(target: Any, base_order: Sequence[Rule], order: Sequence[Rule], base: _Outcome, outcome: _Outcome,
+              example_inputs: Sequence[Any] | None, check_inputs: Sequence[Any] | None,
+              limit: int = 24) -> tuple[tuple[str, ...], str | None]:
+    """A pair of rules of one priority, both fired in one of the two runs and ordered
+    differently in them, whose swap alone changes the result; else all such rules."""
+    position = {r.name: i for i, r in enumerate(order)}
+    fired = set(base.fired) | set(outcome.fired)
+    suspects = [r for r in base_order if r.name in fired]
+    pairs = [(a, b) for a, b in itertools.combinations(suspects, 2)
+             if a.priority == b.priority and position[a.name] > position[b.name]]
+    for a, b in pairs[:limit]:
+        swapped = [b if r is a else a if r is b else r for r in base_order]
+        how = _difference(base, _outcome(target, swapped, example_inputs, check_inputs))
+        if how is not None:
+            return tuple(sorted((a.name, b.name))), how
+    return tuple(sorted(fired)), None
+
+
+def _order_finding(ruleset: Any, names: tuple[str, ...], how: str, base: _Outcome, outcome: _Outcome) -> Finding:
+    what = {"numeric": "computes different outputs", "structural": "ends in a different graph",
+            "raises": f"fails in one order ({base.error or outcome.error})"}[how]
+    origins = "; ".join(_origin(ruleset[n]) for n in names)
+    message = (f"rules {', '.join(repr(n) for n in names)} depend on their order: the rewrite {what} when their "
+               f"relative order changes ({origins}). Give the one that should win a higher priority, or guard "
+               f"them so that they do not match the same graph.")
+    return Finding("order-dependent", names, message, "error" if how == "numeric" else "warning")

@@ -264,3 +264,41 @@ def test_lint_of_the_shipped_library_exits_0():
 def test_lint_of_a_missing_path_is_an_error(tmp_path, capsys):
     assert main(["lint", str(tmp_path / "nope.fxr")]) == 2
     assert "fxrewrite lint: error:" in capsys.readouterr().err
+
+
+# -- order independence ----------------------------------------------------------------------------
+
+
+def test_rules_whose_order_changes_the_graph_are_order_dependent():
+    from fxrewrite.analysis import order_dependence
+
+    to_add = R(lambda x: x * 2, lambda x: x + x, name="to_add", origin="o.py:1")
+    to_float = R(lambda x: x * 2, lambda x: x * 2.0, name="to_float", origin="o.py:2")
+    [finding] = order_dependence(lambda a: torch.relu(a * 2), [to_add, to_float], orders=6)
+    assert (finding.kind, finding.rules, finding.severity) == ("order-dependent", ("to_add", "to_float"), "warning")
+    assert "ends in a different graph" in finding.message and "o.py:1" in finding.message
+
+
+def test_rules_whose_order_changes_the_numbers_are_an_error():
+    from fxrewrite.analysis import order_dependence
+
+    exact = R(lambda x: x / 4, lambda x: x * 0.25, name="div_exact")
+    rough = R(lambda x: x / 4, lambda x: x * 0.3, name="div_rough")
+    x = torch.tensor([1.0, 2.0, 8.0])
+    [finding] = order_dependence(lambda a: a / 4 + 1, [exact, rough], orders=6, check_inputs=(x,))
+    assert (finding.rules, finding.severity) == (("div_exact", "div_rough"), "error")
+    assert "computes different outputs" in finding.message
+
+
+def test_independent_rules_and_rules_of_different_priorities_are_not_order_dependent():
+    from fxrewrite.analysis import order_dependence
+
+    def model(a):
+        return torch.relu(torch.relu(a)) + torch.neg(torch.neg(a)) * 2
+
+    independent = [R(lambda x: torch.relu(torch.relu(x)), lambda x: torch.relu(x), name="relu_relu"),
+                   R(lambda x: torch.neg(torch.neg(x)), lambda x: x, name="double_neg")]
+    assert order_dependence(model, independent, orders=6, check_inputs=(torch.randn(3),)) == []
+    ranked = [R(lambda x: x * 2, lambda x: x + x, name="to_add", priority=1),
+              R(lambda x: x * 2, lambda x: x * 2.0, name="to_float")]
+    assert order_dependence(model, ranked, orders=6) == []
