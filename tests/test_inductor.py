@@ -149,6 +149,18 @@ def test_rules_without_branches_work_under_dynamic_shapes():
     assert rules.report.applied == {"silu": 1, "neg_neg": 1} and rules.graphs == 1
 
 
+@pytest.mark.parametrize("stage", ["pre_grad", "post_grad"])
+def test_inductor_hands_the_pass_the_subgraphs_of_torch_cond_too(stage):
+    def branchy(x):
+        return torch.cond(x.sum() > 0, lambda x: -(-x) + 1, lambda x: -(-x) * 2, (x,))
+
+    rules = fxrewrite.inductor_pass(NEG_NEG, stage=stage)
+    compiled = torch.compile(branchy, options={**rules.options, "fx_graph_cache": False})
+    for x in (X, -X.abs()):
+        torch.testing.assert_close(compiled(x), branchy(x))
+    assert rules.report.applied == {"neg_neg": 2} and rules.graphs == 3  # the graph and both branches
+
+
 def test_post_grad_pass_lowers_new_nodes_through_inductors_decompositions():
     gm = torch.export.export(_Gated(), (X, W)).run_decompositions().graph_module
     before = op_names(gm.graph)
