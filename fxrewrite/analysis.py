@@ -19,7 +19,7 @@ A rule whose pattern graph is always rewritten first by a rule the driver serves
 >>> for finding in analyze([to_mul, to_add, relu]):
 ...     print(finding.severity, finding.kind, finding.rules)
 error cycle ('add_self', 'mul_two')
-error self-loop ('relu_spelling',)
+warning self-loop ('relu_spelling',)
 
 Findings carry a ``message`` naming each rule's ``file:line`` and what to do. Guards are run on
 the rewritten graphs (they see shapes and dtypes) when a probe input satisfies them; when they
@@ -462,9 +462,11 @@ def _matches(gm: fx.GraphModule, rule: Rule) -> Iterator[tuple[Match, bool | Non
 def analyze(rules: RulesLike) -> list[Finding]:
     """Analyse a rule set before running it; returns the findings, errors first.
 
-    * ``self-loop`` (error): the rule's pattern matches its own replacement, so the rule fires
-      on its own output again and again (``F.relu(x, inplace=False) => torch.relu(x)``: one op;
-      ``x + y => y + x``: the matcher knows ``add`` commutes).
+    * ``self-loop``: the rule's pattern matches its own replacement, so the rule fires on its
+      own output again and again (an error), unless the replacement computes exactly what the
+      pattern does (``F.relu(x, inplace=False) => torch.relu(x)``: one op; ``x + y => y + x``:
+      the matcher knows ``add`` commutes), which the driver applies once per match and stops:
+      then the rule is merely useless (a warning).
     * ``cycle`` (error): rewriting one rule's pattern with it and then with other rules leads
       back to a graph already seen (``x * 2 => x + x`` and ``x + x => x * 2``); cycles of up to
       :data:`MAX_CYCLE_LENGTH` rules are searched.
@@ -543,6 +545,13 @@ def _self_loop_finding(start: _Start, certain: bool) -> Finding:
     after_gm = _rewritten(start)
     after = _expression(after_gm.graph) if after_gm is not None else "?"
     noop = after_gm is not None and canonical_form(after_gm.graph, after_gm) == canonical_form(start.gm.graph, start.gm)
+    if noop and not _loops_when_run(start):
+        message = (f"rule {_origin(rule)} rewrites {before} into {after}: its replacement computes what its "
+                   f"pattern computes (the same ops once spellings, default arguments and the order of commutative "
+                   f"operands are normalised), so its pattern matches its own result. The driver sees that such a "
+                   f"rewrite changes nothing and applies it once per match, so rewrites still end, but the rule "
+                   f"does nothing useful: remove it, or make the replacement a different computation.")
+        return Finding("self-loop", (rule.name,), message, "warning")
     what = ("its replacement computes what its pattern computes (the same ops once spellings, default arguments "
             "and the order of commutative operands are normalised), so the rule changes nothing and matches again"
             if noop else "its pattern matches its own replacement, so it fires again on every result")
@@ -551,6 +560,21 @@ def _self_loop_finding(start: _Start, certain: bool) -> Finding:
                f"reach a fixed point. Remove the rule, or make the replacement a different computation, or add "
                f"a where= guard that refuses its own output.")
     return Finding("self-loop", (rule.name,), message, "error" if certain else "warning")
+
+
+def _loops_when_run(start: _Start) -> bool:
+    """Whether rewriting the rule's own pattern graph with it alone fails to reach a fixed point
+    (the driver may recognise rewrites that change nothing and stop)."""
+    from .errors import DidNotConverge
+    from .rewrite import rewrite
+
+    try:
+        rewrite(start.gm, start.rule, max_rewrites=32)
+    except DidNotConverge:
+        return True
+    except FxRewriteError:  # another failure: not this analysis' business, keep the stricter verdict
+        return True
+    return False
 
 
 @attrs.frozen
