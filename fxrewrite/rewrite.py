@@ -84,20 +84,27 @@ def rewrite(
 ) -> RewriteResult:
     """Rewrite ``target`` with ``rules`` to a fixed point.
 
+    >>> import torch, fxrewrite
+    >>> neg_neg = fxrewrite.Rule.from_functions(lambda x: torch.neg(torch.neg(x)), lambda x: x, name="neg_neg")
+    >>> result = fxrewrite.rewrite(lambda a: torch.relu(torch.neg(torch.neg(a))), neg_neg)
+    >>> result.report.applied, "neg" in result.code
+    ({'neg_neg': 1}, False)
+
     ``target`` is an ``nn.Module`` or a function (traced with ``torch.fx.symbolic_trace``), a
     ``GraphModule`` (copied unless ``inplace=True``) or a ``torch.export.ExportedProgram`` (its
-    lifted graph is rewritten; the result's ``exported_program`` is the rewritten program, with the
-    same signature and state dict, and ``module`` its ``.module()``); the caller's
-    module is never modified unless ``inplace=True``. ``max_rewrites`` bounds the number of rewrites (default: eight per
-    graph node, plus 64). ``example_inputs`` lets guards read shapes and dtypes of a graph that
-    carries no metadata (fake tensors are propagated through the graph, see :mod:`fxrewrite.meta`). ``debug`` (or the environment
-    variable ``FXREWRITE_DEBUG=1``) lints the graph after every rewrite and names the rule after
-    which a check failed. ``on_progress(rewrites, queued)`` is called now and then with the
-    number of rewrites so far and of nodes still waiting to be visited (for progress displays).
-    ``check_inputs`` (a tuple of arguments, or a list of such tuples) verifies the rewritten
-    module against the original on them; when they differ, the rewrites are bisected and
-    :class:`NotEquivalent` names the first rewrite (rule, origin, graph node) that changed the
-    result.
+    lifted graph is rewritten; the result's ``exported_program`` is the rewritten program, with
+    the same signature and state dict, and ``module`` its ``.module()``); the caller's module is
+    never modified unless ``inplace=True``.
+
+    ``max_rewrites`` bounds the number of rewrites (default: eight per graph node, plus 64).
+    ``example_inputs`` gives a graph without metadata the shapes and dtypes guards and
+    replacements read (fake tensors are propagated, see :mod:`fxrewrite.meta`; the rewrite is then
+    specialised to them). ``debug`` (or ``FXREWRITE_DEBUG=1``) lints the graph after every
+    rewrite and names the rule after which a check failed. ``on_progress(rewrites, queued)`` is
+    called now and then (for progress displays). ``check_inputs`` (a tuple of arguments, or a list
+    of such tuples) verifies the result against the original on them; when they differ, the
+    rewrites are bisected and :class:`NotEquivalent` names the first rewrite that changed the
+    result. A bad option is an :class:`ArgumentError` naming it.
     """
     _check_arguments(inplace=inplace, max_rewrites=max_rewrites, example_inputs=example_inputs, debug=debug,
                      on_progress=on_progress, check_inputs=check_inputs)
