@@ -153,6 +153,11 @@ class RulePass(CustomGraphPass):
         logger.debug("fxrewrite pass at %s: %d rewrite(s) in %.2f ms", self.stage, report.rewrites,
                      report.seconds * 1e3)
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> RulePass:
+        """The pass itself: AOTInductor deep-copies its config (``compile_fx_aot``), and the copy
+        must add to this pass's report."""
+        return self
+
     def uuid(self) -> str:
         """A stable content hash of everything that decides what this pass does (see
         :func:`fingerprint`); computed once, when first asked."""

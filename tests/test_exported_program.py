@@ -303,3 +303,17 @@ def test_rewritten_program_with_a_preserved_module_unflattens():
     rewritten = fxrewrite.rewrite(program, SILU).exported_program
     unflat = torch.export.unflatten(rewritten)
     torch.testing.assert_close(unflat(X), model(X))
+
+
+@pytest.mark.slow
+def test_an_inductor_pass_runs_inside_aot_inductor(model, program, tmp_path):
+    """AOTInductor deep-copies its inductor_configs; the pass's report still counts."""
+    rules = fxrewrite.inductor_pass(NEG_NEG, stage="post_grad")
+    path = torch._inductor.aoti_compile_and_package(program.run_decompositions(), package_path=str(tmp_path / "b.pt2"),
+                                                    inductor_configs=rules.options)
+    runner = torch._inductor.aoti_load_package(path)
+    expected_model = Block().eval()
+    expected_model.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(runner(X), expected_model(X))
+    assert rules.report.applied == {"neg_neg": 1}

@@ -406,6 +406,13 @@ def test_unknown_stage_is_an_error():
         fxrewrite.inductor_pass(RULES, stage="post-grad")
 
 
+def test_a_copied_pass_is_the_pass_so_its_report_adds_up():
+    import copy
+
+    rules = fxrewrite.inductor_pass(RULES)
+    assert copy.deepcopy(rules) is rules and copy.deepcopy({"p": [rules]})["p"][0] is rules
+
+
 def test_pass_is_a_custom_graph_pass_for_the_stage_it_names():
     for stage, option in fxrewrite.inductor.STAGES.items():
         p = fxrewrite.inductor_pass(RULES, stage=stage)
