@@ -230,8 +230,9 @@ def elements(dtype: torch.dtype, *, min_value: float | None = None, max_value: f
     extremes (``±max``, ``±`` the smallest normal, ``±`` the smallest subnormal), non-finite
     values, small values (smallest normal to ``0.1``, either sign), moderate values in
     ``[-10, 10]``, any value in range, and values one ulp around powers of two and around 0
-    (:func:`ulp_neighbours`). Integers from four: simple values, extremes (``max``, ``min``, ``±(2**24 + 1)`` and
-    ``±(2**53 + 1)``, which float32 and float64 cannot hold), ``[-10, 10]`` and the range.
+    (:func:`ulp_neighbours`). Integers from four: simple values, extremes (``max``, ``min``,
+    ``±(2**24 + 1)`` and ``±(2**53 + 1)``, which float32 and float64 cannot hold), ``[-10, 10]``
+    and the range.
     ``min_value`` / ``max_value`` bound the finite values; ``special_values`` adds ``nan``,
     ``inf`` and ``-inf`` (floating dtypes only).
 
