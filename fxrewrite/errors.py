@@ -12,6 +12,7 @@ meaning fits, so ``except ValueError`` keeps working for callers who do not know
      ├── MetadataError         (LookupError)    a guard needs shapes/dtypes the graph does not carry
      ├── TargetError           (ValueError)     a model given to the CLI cannot be imported, built or traced
      ├── ArgumentError         (TypeError, ValueError)  a public function got an argument it cannot use
+     ├── Refuse                                 raised by a replacement to decline a match (not an error)
      └── NotEquivalent         (AssertionError) a rewrite changed what the program computes
 
 Warnings: :class:`RuleWarning` (a ``UserWarning``) flags a rule that is probably wrong but
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 __all__ = [
     "ArgumentError",
+    "Refuse",
     "DidNotConverge",
     "FxRewriteError",
     "MetadataError",
@@ -80,6 +82,23 @@ class ArgumentError(FxRewriteError, TypeError, ValueError):
     """A public function was called with an argument it cannot use; the message names the
     argument, what it got and what it takes. Also a ``TypeError`` and a ``ValueError``, so
     callers catching either keep working."""
+
+
+class Refuse(FxRewriteError):
+    """Raised by a replacement to decline the match it was given, with the reason: the rewrite
+    leaves that place as it was, records the reason in the report (and ``explain``), and goes on.
+    A replacement's refusal is not an error; anything else a replacement raises is.
+
+    >>> import torch, fxrewrite
+    >>> def replacement(x):
+    ...     if x.shape[-1] % 8:
+    ...         raise fxrewrite.Refuse("the fused kernel needs a multiple of 8 channels")
+    ...     return torch.relu(x) * 2
+    >>> rule = fxrewrite.Rule.from_functions(lambda x: torch.relu(x) + torch.relu(x), replacement, name="r")
+    >>> result = fxrewrite.rewrite(lambda a: torch.relu(a) + torch.relu(a), rule, example_inputs=(torch.ones(2, 5),))
+    >>> result.report.applied["r"], result.report.reasons["r"][0]
+    (0, "at 'add': the replacement refused: the fused kernel needs a multiple of 8 channels")
+    """
 
 
 class NotEquivalent(FxRewriteError, AssertionError):

@@ -29,7 +29,7 @@ from torch.fx.node import Node
 
 from ._torch import is_erased, tree_leaves
 from .canon import aten_spelling, result_kind, written_arguments
-from .errors import RewriteError
+from .errors import Refuse, RewriteError
 from .match import Match, node_position
 from .meta import has_values, propagate_values
 from .rule import Rule
@@ -398,7 +398,7 @@ class Splicer:
             _check_created(match, rule, tracer.created)
         except Exception as exc:
             tracer.rollback()
-            if isinstance(exc, RewriteError):
+            if isinstance(exc, (RewriteError, Refuse)):
                 raise
             raise RewriteError(f"{_where(rule, match)}: the replacement raised {type(exc).__name__}: {exc}. The graph "
                                f"was left as it was before this rewrite; {_fix_for(exc, annotated)}") from exc

@@ -40,7 +40,7 @@ from torch.fx.node import Node
 
 from ._torch import is_erased, tree_flatten, tree_leaves, tree_unflatten
 from .canon import alias_class, is_written, mutation, op_key_of, same_literal
-from .errors import ArgumentError, DidNotConverge, FxRewriteError, RewriteError
+from .errors import ArgumentError, DidNotConverge, FxRewriteError, Refuse, RewriteError
 from .index import OpIndex
 from .match import Match, match_at, node_position
 from .meta import propagate_inputs
@@ -368,8 +368,11 @@ class _Driver:
                     continue  # no place for the replacement, or a value of the match is mutated
                 refusal = rule.refusal(match)
                 if refusal is None:
-                    self._apply(rule, match, tally)
-                    return
+                    try:
+                        self._apply(rule, match, tally)
+                        return
+                    except Refuse as declined:  # the graph is as it was; record why and go on
+                        refusal = f"the replacement refused: {declined}"
             if refusal is not None:  # every match at this node was refused by a guard: count it once
                 tally.rejected += 1
                 if len(tally.reasons) < _MAX_REASONS:

@@ -18,6 +18,7 @@ PUBLIC = [
     "Match",
     "MetadataError",
     "NotEquivalent",
+    "Refuse",
     "Report",
     "RewriteError",
     "RewriteResult",

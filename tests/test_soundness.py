@@ -357,3 +357,41 @@ def test_rules_that_undo_each_other_still_do_not_converge():
     halve = Rule.from_functions(lambda x: x + x, lambda x: x * 2, name="halve")
     with pytest.raises(fxrewrite.DidNotConverge, match="double|halve"):
         rewrite(lambda t: t * 2, [double, halve])
+
+
+# ---- 11. a replacement's refusal is not the user's error -----------------------------------------------------------------
+
+def test_a_replacement_that_refuses_a_match_leaves_it_and_the_rewrite_goes_on():
+    def replacement(x):
+        if x.shape[-1] % 8:
+            raise fxrewrite.Refuse("needs a multiple of 8 channels")
+        return torch.relu(x) * 2
+
+    rule = Rule.from_functions(lambda x: torch.relu(x) + torch.relu(x), replacement, name="fused")
+
+    def fn(a, b):
+        return (torch.relu(a) + torch.relu(a)).sum() + (torch.relu(b) + torch.relu(b)).sum()
+
+    inputs = (torch.randn(2, 5), torch.randn(2, 16))
+    result = rewrite(fn, rule, example_inputs=inputs)
+    assert result.report.applied["fused"] == 1 and result.report.rejected["fused"] == 1
+    assert "the replacement refused: needs a multiple of 8 channels" in result.report.reasons["fused"][0]
+    result.module.graph.lint()
+    torch.testing.assert_close(result.module(*inputs), fn(*inputs))
+
+
+def test_folding_a_weight_normalised_convolution_is_skipped_and_the_rest_is_folded():
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.plain = ConvBn()
+            self.normed = ConvBn()
+            torch.nn.utils.parametrizations.weight_norm(self.normed.conv)
+
+        def forward(self, x):
+            return self.plain(x) + self.normed(x)
+
+    model = Two().eval()
+    result = rewrite(model, fold_conv_bn())
+    assert result.report.applied["conv_bn_fold"] == 1
+    assert_equivalent(result, model, X)
