@@ -47,6 +47,7 @@ import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch.fx.node import Node
 
+from ._torch import FakeTensor, detect_fake_mode, is_erased, tree_flatten, tree_unflatten
 from .errors import ArgumentError, RewriteError
 from .report import Report, RuleStats
 from .rule import Rule, RuleSet, RulesLike, as_ruleset
@@ -249,7 +250,7 @@ def _lower_created(graph: fx.Graph, created: list[Node]) -> None:
 
     table = select_decomp_table()
     for node in created:
-        if node.op == "call_function" and not node._erased and _needs_lowering(node, table):
+        if node.op == "call_function" and not is_erased(node) and _needs_lowering(node, table):
             _decompose(graph, node)
 
 
@@ -262,10 +263,9 @@ def _needs_lowering(node: Node, table: Mapping[Any, Any]) -> bool:
 
 
 def _decompose(graph: fx.Graph, node: Node) -> None:
-    from torch._guards import detect_fake_mode
     from torch._inductor.pattern_matcher import fwd_only
 
-    leaves, spec = torch.utils._pytree.tree_flatten((node.args, node.kwargs))
+    leaves, spec = tree_flatten((node.args, node.kwargs))
     inputs = [leaf for leaf in leaves if isinstance(leaf, Node)]
     values = [i.meta.get("val") for i in inputs]
     if any(not isinstance(v, torch.Tensor) for v in values):
@@ -274,7 +274,7 @@ def _decompose(graph: fx.Graph, node: Node) -> None:
     def call(*tensors: Any) -> Any:
         it = iter(tensors)
         filled = [next(it) if isinstance(a, Node) else a for a in leaves]
-        args, kwargs = torch.utils._pytree.tree_unflatten(filled, spec)
+        args, kwargs = tree_unflatten(filled, spec)
         return node.target(*args, **kwargs)
 
     try:
@@ -544,8 +544,6 @@ def _type_name(cls: type) -> str:
 
 def _tensor_parts(t: torch.Tensor) -> list[bytes]:
     head = repr((t.dtype, tuple(t.shape), t.device.type, t.layout)).encode()
-    from torch._subclasses.fake_tensor import FakeTensor
-
     if t.is_meta or isinstance(t, FakeTensor) or t.layout != torch.strided:
         return [head]
     data = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0)
