@@ -160,7 +160,9 @@ def _copied_call_graph(program: ExportedProgram, renamed: Mapping[str, str]) -> 
     would also copy the pytree specs, which warns."""
     def fresh(arg: Any) -> Any:
         name = getattr(arg, "name", None)
-        return dataclasses.replace(arg, name=renamed[name]) if name in renamed else copy.copy(arg)
+        if isinstance(name, str) and name in renamed:
+            return dataclasses.replace(arg, name=renamed[name])
+        return copy.copy(arg)
 
     entries = []
     for entry in program.module_call_graph:

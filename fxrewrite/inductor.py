@@ -192,7 +192,7 @@ def _ruleset(rules: RulesLike | str | os.PathLike[str]) -> RuleSet:
     if isinstance(rules, (str, os.PathLike)):
         from .loader import load_rules
 
-        return load_rules(rules)
+        return load_rules(Path(rules))
     return as_ruleset(rules)
 
 
@@ -210,7 +210,7 @@ def compile_options(*passes: CustomGraphPass | Callable[[fx.Graph], None], stage
     options: dict[str, list[Any]] = {}
     for p in passes:
         where = p.stage if isinstance(p, RulePass) else stage
-        if where not in STAGES:
+        if where is None or where not in STAGES:
             raise ArgumentError(
                 f"compile_options: {p!r} is not an fxrewrite pass; say at which stage it runs with stage= "
                 f"(one of {', '.join(map(repr, STAGES))})."
@@ -265,6 +265,8 @@ def _needs_lowering(node: Node, table: Mapping[Any, Any]) -> bool:
 def _decompose(graph: fx.Graph, node: Node) -> None:
     from torch._inductor.pattern_matcher import fwd_only
 
+    target = node.target
+    assert callable(target), node.format_node()  # a call_function node
     leaves, spec = tree_flatten((node.args, node.kwargs))
     inputs = [leaf for leaf in leaves if isinstance(leaf, Node)]
     values = [i.meta.get("val") for i in inputs]
@@ -275,7 +277,7 @@ def _decompose(graph: fx.Graph, node: Node) -> None:
         it = iter(tensors)
         filled = [next(it) if isinstance(a, Node) else a for a in leaves]
         args, kwargs = tree_unflatten(filled, spec)
-        return node.target(*args, **kwargs)
+        return target(*args, **kwargs)
 
     try:
         with detect_fake_mode(values) or contextlib.nullcontext():
@@ -481,7 +483,7 @@ class _Hasher:
         if isinstance(obj, types.MethodType):
             return [self.of(obj.__self__, depth), self.of(obj.__func__, depth)]
         if isinstance(obj, types.CodeType):
-            return self._code(obj, depth)
+            return [self._code(obj, depth)]
         if isinstance(obj, functools.partial):
             return [self.of(obj.func, depth), self.of(obj.args, depth), self.of(obj.keywords, depth)]
         if isinstance(obj, type):
