@@ -536,9 +536,9 @@ def repair_report(fixed: Repair | None) -> str:
     lines = [f"  repair:      restricted to {fixed.label}, the checker finds no counterexample in "
              f"{fixed.examples} examples ({how}):",
              *(f"                 {line}" for line in fixed.code().splitlines())]
-    dsl = fixed.dsl()
-    if dsl is not None:
-        lines.append(f"               or, in a .fxr file:  {dsl}")
+    first, *more = fixed.dsl().splitlines()
+    lines.append(f"               or, in a .fxr file:  {first}")
+    lines += [f"                                    {line}" for line in more]
     return "\n".join(lines)
 
 

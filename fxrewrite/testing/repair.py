@@ -256,11 +256,18 @@ class Repair:
             lines.append(f"domain={_show_domain(shown)},{rest}")
         return "\n".join(lines)
 
-    def dsl(self) -> str | None:
-        """The ``where`` line for a ``.fxr`` rule, when every restriction is a guard."""
+    def dsl(self) -> str:
+        """The same for a ``.fxr`` rule: a ``where`` line for the guards, a ``domain`` line for
+        the declarations (it replaces the rule's own ``domain`` line: a setting may be declared
+        once)."""
+        lines = []
+        conditions = [r.dsl for r in self.restrictions if r.dsl]
+        if conditions:
+            lines.append("where " + " and ".join(conditions))
         if not self.enforced:
-            return None
-        return "where " + " and ".join(r.dsl for r in self.restrictions if r.dsl)
+            shown = {k: v for k, v in self.domain.items() if k in _PRINTABLE_DOMAIN_KEYS}
+            lines.append("domain " + ", ".join(f"{k}={_show_value(v)}" for k, v in shown.items()))
+        return "\n".join(lines)
 
 
 _PRINTABLE_DOMAIN_KEYS = ("dtypes", "ranks", "sides", "shapes", "mixed_dtypes", "non_contiguous", "min_value",

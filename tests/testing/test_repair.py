@@ -156,3 +156,15 @@ def test_a_repair_keeps_the_rules_own_guards_and_says_so():
     result = check_rule(rule)
     assert result.repair.where[0] is at_least_a_vector and len(result.repair.where) == 2
     assert result.repair_code.endswith("# in addition to the rule's own guards")
+
+
+def test_the_fxr_lines_of_a_repair_paste_into_a_rule_file():
+    source = 'rule sqrt_square:\n    torch.sqrt(x * x) => torch.abs(x)\n    domain dtypes=(torch.float32,)\n'
+    (rule,) = fxrewrite.parse_rules(source)
+    result = check_rule(rule)
+    fxr = result.message.split("or, in a .fxr file:")[1].split("  fix:")[0]
+    lines = [line.strip() for line in fxr.strip().splitlines()]
+    assert lines == ["domain dtypes=(torch.float32,), min_value=-1e+15, max_value=1e+15"]
+    repaired_source = source.rsplit("    domain", 1)[0] + "".join(f"    {line}\n" for line in lines)
+    (repaired,) = fxrewrite.parse_rules(repaired_source)
+    assert check_rule(repaired, repair=False).ok
