@@ -35,7 +35,7 @@ class Block(nn.Module):
     def forward(self, x):
         self.calls.add_(1)
         y = self.proj(x)
-        return y * torch.sigmoid(y) + self.shift, -(-x)
+        return y * torch.sigmoid(y) + self.shift, -(-x)  # noqa: B002 (two negations, on purpose)
 
 
 X = torch.randn(3, 6)
@@ -86,7 +86,7 @@ def test_rewrite_returns_an_exported_program_with_the_same_signature_and_state(m
 
 def test_a_functional_program_keeps_its_buffer_mutation_outputs(model, program):
     functional = program.run_decompositions()  # the in-place add_ becomes an output that writes the buffer
-    assert [s.kind for s in functional.graph_signature.output_specs][0] == OutputKind.BUFFER_MUTATION
+    assert functional.graph_signature.output_specs[0].kind == OutputKind.BUFFER_MUTATION
     rewritten = fxrewrite.rewrite(functional, RuleSet([SILU, NEG_NEG])).exported_program
     assert specs(rewritten) == specs(functional)
     assert rewritten.graph_signature.buffers_to_mutate == functional.graph_signature.buffers_to_mutate
@@ -267,7 +267,7 @@ class _Gated(nn.Module):
         self.gate = _Gate()
 
     def forward(self, x):
-        return torch.relu(-(-self.gate(self.proj(x))))
+        return torch.relu(-(-self.gate(self.proj(x))))  # noqa: B002 (two negations, on purpose)
 
 
 def _preserved_gate_program() -> tuple[nn.Module, ExportedProgram]:

@@ -36,7 +36,7 @@ X, W = torch.randn(4, 8), torch.randn(8, 8)
 
 def gated(x, w):
     y = x @ w
-    return -(-(y * torch.sigmoid(y))) + 1
+    return -(-(y * torch.sigmoid(y))) + 1  # noqa: B002 (two negations, on purpose)
 
 
 def silu_when_aligned(x):
@@ -103,7 +103,7 @@ def test_one_rule_set_rewrites_at_every_inductor_stage(stage):
     out = compile_with(gated, compile_options(rules, census, stage=stage), X, W)
     torch.testing.assert_close(out, gated(X, W))
     assert rules.report.applied == {"silu": 1, "neg_neg": 1} and rules.graphs == 1
-    assert census.seen and census.seen[0]["neg(neg)"] == 0  # the graph after the pass has no -(-y) left
+    assert census.seen and census.seen[0]["neg(neg)"] == 0  # no -(-y) left after the pass
 
 
 def test_joint_stage_rewrites_forward_and_backward_and_gradients_match():
@@ -115,7 +115,7 @@ def test_joint_stage_rewrites_forward_and_backward_and_gradients_match():
     gated(expected_x, W).sum().backward()
     torch.testing.assert_close(out, gated(X, W))
     torch.testing.assert_close(x.grad, expected_x.grad)
-    assert rules.report.applied == {"neg_neg": 2}  # -(-y) forward and -(-grad) backward
+    assert rules.report.applied == {"neg_neg": 2}  # -(-y) forward, -(-grad) backward
 
 
 @pytest.mark.parametrize("stage", ["pre_grad", "post_grad"])
@@ -152,7 +152,7 @@ def test_rules_without_branches_work_under_dynamic_shapes():
 @pytest.mark.parametrize("stage", ["pre_grad", "post_grad"])
 def test_inductor_hands_the_pass_the_subgraphs_of_torch_cond_too(stage):
     def branchy(x):
-        return torch.cond(x.sum() > 0, lambda x: -(-x) + 1, lambda x: -(-x) * 2, (x,))
+        return torch.cond(x.sum() > 0, lambda x: -(-x) + 1, lambda x: -(-x) * 2, (x,))  # noqa: B002
 
     rules = fxrewrite.inductor_pass(NEG_NEG, stage=stage)
     compiled = torch.compile(branchy, options={**rules.options, "fx_graph_cache": False})
@@ -348,7 +348,7 @@ class _Block(torch.nn.Module):
 
     def forward(self, x):
         y = self.proj(x)
-        return -(-(y * torch.sigmoid(y)))
+        return -(-(y * torch.sigmoid(y)))  # noqa: B002 (two negations, on purpose)
 
 
 def test_backend_rewrites_dynamos_graph_then_hands_it_to_inductor():
@@ -437,7 +437,7 @@ def test_rewrite_graph_rewrites_a_graph_without_an_owning_module():
 
 
 def test_rewrite_graph_refuses_what_is_not_a_graph():
-    with pytest.raises(ArgumentError, match="takes a torch.fx.Graph"):
+    with pytest.raises(ArgumentError, match=r"takes a torch\.fx\.Graph"):
         rewrite_graph(fx.symbolic_trace(gated), RULES)
 
 
