@@ -19,7 +19,7 @@ call graph and verifiers. The result survives ``run_decompositions()``,
 >>> [n.target for n in result.exported_program.graph.nodes if n.op == "call_function"]
 [<OpOverload(op='aten.silu', overload='default')>]
 >>> result.exported_program.graph_signature.user_outputs
-['silu']
+('silu',)
 """
 
 from __future__ import annotations
