@@ -32,7 +32,7 @@ import contextlib
 import functools
 import itertools
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
@@ -337,7 +337,8 @@ def _fresh(rule: Rule, literals: Mapping[str, Any], modules: Mapping[str, nn.Mod
 
 def _own_match(rule: Rule, gm: fx.GraphModule, anchor: Node) -> Match | None:
     modules = dict(gm.named_modules())
-    matches = match_at(rule.compiled, anchor, gm, modules=modules, candidates=lambda key: _nodes_with_key(gm.graph, key))
+    matches = match_at(rule.compiled, anchor, gm, modules=modules,
+                       candidates=lambda key: _nodes_with_key(gm.graph, key))
     return next(iter(matches), None)
 
 
@@ -733,7 +734,7 @@ def _matches_any_literals(high: Rule, low: Rule, start: _Start) -> bool:
     if not literals:
         return True
     modules = {name: module for name, module in start.gm.named_children()}
-    gm, anchor = _start_graph(low, literals, modules)
+    gm, _ = _start_graph(low, literals, modules)
     inner = {n for n in gm.graph.nodes if n.op not in ("placeholder", "output")}
     return any(set(m.nodes) <= inner for m, _ in _matches(gm, high))
 

@@ -37,7 +37,7 @@ import torch
 from ..rule import Rule
 from .strategies import DEFAULT_DTYPES
 
-__all__ = ["Repair", "Restriction", "VALUE_BOUNDS", "repair_rule", "restrictions_for"]
+__all__ = ["VALUE_BOUNDS", "Repair", "Restriction", "repair_rule", "restrictions_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ def _shape_family(names: Sequence[str]) -> list[Restriction]:
         lambda inputs, names: len({tuple(t.shape) for t in _tensors(inputs, names)}) <= 1,
         lambda domain: {**domain, "shapes": "equal"},
         guard=f"lambda m: len({{tuple(m[n].shape) for n in {_names_tuple(names)}}}) == 1",
-        dsl=_each(list(zip(names, names[1:])), "{n[0]}.shape == {n[1]}.shape"),
+        dsl=" and ".join(f"{a}.shape == {b}.shape" for a, b in itertools.pairwise(names)),
     )]
 
 
@@ -170,8 +170,8 @@ def _value_restriction(label: str, low: float | None, high: float | None, finite
             out["max_value"] = high if domain.get("max_value") is None else min(high, domain["max_value"])
         if finite:
             out["special_values"] = False
-        bounds = (out.get("min_value"), out.get("max_value"))
-        return None if None not in bounds and bounds[0] > bounds[1] else out
+        low_, high_ = out.get("min_value"), out.get("max_value")
+        return None if low_ is not None and high_ is not None and low_ > high_ else out
 
     return Restriction("values", label, admits, narrow)
 
@@ -293,7 +293,7 @@ def _restricted(rule: Rule, chosen: Sequence[Restriction]) -> tuple[Rule, dict[s
         domain = restriction.narrow(domain) if domain is not None else None
     if domain is None:
         return None
-    guards = tuple(eval(r.guard, {"torch": torch}) for r in chosen if r.guard is not None)  # noqa: S307 (our own text)
+    guards = tuple(eval(r.guard, {"torch": torch}) for r in chosen if r.guard is not None)  # our own text
     return attrs.evolve(rule, where=(*rule.where, *guards), domain=domain), domain
 
 

@@ -163,7 +163,7 @@ def _float_elements(dtype: torch.dtype, lo: float | None, hi: float | None, spec
 _POWER_EXPONENTS = (0, 1, -1, 2, 4, 8, 11, 16, 24, 31, 53, 63, 64, 100, -8, -24, -53, -100)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def ulp_neighbours(dtype: torch.dtype) -> tuple[float, ...]:
     """Values one ulp around powers of two and around 0 for a floating ``dtype``, smallest
     magnitude first (the order shrinking prefers): the smallest subnormal, the largest

@@ -33,7 +33,8 @@ def test_mul_one_over_all_dtypes_is_repaired_by_a_dtype_guard():
     repaired = result.repair
     assert repaired is not None and check_rule(repaired, repair=False).ok
     assert not guards_accept(repaired, x=torch.tensor([True]))
-    assert guards_accept(repaired, x=torch.tensor([1.5])) and guards_accept(repaired, x=torch.tensor([1.5], dtype=torch.float64))
+    assert guards_accept(repaired, x=torch.tensor([1.5]))
+    assert guards_accept(repaired, x=torch.tensor([1.5], dtype=torch.float64))
     # the weakest restriction: integers are fine (an int tensor times the int 1 keeps its dtype)
     assert guards_accept(repaired, x=torch.tensor([3]))
     assert "where=lambda m: all(m[n].dtype != torch.bool" in result.repair_code

@@ -74,7 +74,7 @@ def test_integer_elements_include_the_dtype_extremes():
 def test_empty_bounds_are_an_error_that_says_so():
     with pytest.raises(ValueError, match="larger than max_value"):
         elements(torch.float32, min_value=2.0, max_value=1.0)
-    with pytest.raises(ValueError, match="no torch.int64 value"):
+    with pytest.raises(ValueError, match=r"no torch\.int64 value"):
         elements(torch.int64, min_value=0.2, max_value=0.8)
 
 
