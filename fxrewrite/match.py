@@ -24,20 +24,27 @@ bind the same value. A match is *sound* only if
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
-
 import itertools
 import operator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import attrs
 import torch
 from torch.fx.node import Node
 
 from . import _torch
-from .canon import (is_check, is_commutative_call, known_floating, lined_up_arguments, op_key_of, result_kind,
-                    same_literal)
+from .canon import (
+    is_check,
+    is_commutative_call,
+    known_floating,
+    lined_up_arguments,
+    op_key_of,
+    result_kind,
+    same_literal,
+)
 from .errors import MetadataError
+from .meta import value_of
 from .pattern import Param, Pattern
 
 __all__ = ["Match", "MatchOptions", "Rejection", "TensorView", "match_at", "module_refusal", "node_position"]
@@ -82,8 +89,9 @@ class TensorView:
 
     def _meta(self) -> Any:
         meta = self.node.meta
-        if "val" in meta and hasattr(meta["val"], "shape"):
-            return meta["val"]
+        value = value_of(self.node)
+        if hasattr(value, "shape"):
+            return value
         if "tensor_meta" in meta and hasattr(meta["tensor_meta"], "shape"):
             return meta["tensor_meta"]
         raise MetadataError(

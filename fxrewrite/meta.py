@@ -25,14 +25,21 @@ from torch.fx.node import Node, map_arg
 from ._torch import FakeTensor, FakeTensorMode, detect_fake_mode, reparametrized
 from .errors import RewriteError
 
-__all__ = ["has_values", "propagate_inputs", "propagate_values"]
+__all__ = ["has_values", "propagate_inputs", "propagate_values", "value_of"]
 
 logger = logging.getLogger(__name__)
 
 
 def has_values(nodes: Iterable[Any]) -> bool:
     """True when one of ``nodes`` carries a fake tensor value (the graph is annotated)."""
-    return any(isinstance(n, Node) and _is_fake(n.meta.get("val")) for n in nodes)
+    return any(isinstance(n, Node) and _is_fake(value_of(n)) for n in nodes)
+
+
+def value_of(node: Node) -> Any:
+    """A node's fake value: ``meta["val"]`` (export, AOT graphs, example inputs), or
+    ``meta["example_value"]`` where Dynamo keeps it (the graphs ``torch.compile`` captures)."""
+    meta = node.meta
+    return meta["val"] if "val" in meta else meta.get("example_value")
 
 
 def _is_fake(value: Any) -> bool:

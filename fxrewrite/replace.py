@@ -37,6 +37,9 @@ from .rule import Rule
 __all__ = ["Splicer", "insertion_point"]
 
 
+#: Node metadata saying where in the module tree a node comes from; new nodes take the anchor's.
+_SCOPE_META = ("nn_module_stack", "source_fn_stack", "fwd_nn_module_stack", "fwd_source_fn_stack")
+
 #: What a replacement may read of a matched tensor, answered from the graph's metadata.
 CONCRETE_ATTRIBUTES = frozenset({"dtype", "shape", "device", "ndim", "is_cuda", "layout", "is_sparse", "is_quantized",
                                  "is_meta", "is_complex_dtype"})
@@ -132,9 +135,13 @@ class _ReplacementTracer(fx.Tracer):
         #: may then differ from match to match, so it is not replayed.
         self.read_metadata = False
         self.called_module = False
+        self._scope_meta: dict[str, Any] = {}
 
-    def begin(self, rule: Rule, aten: bool, annotate: bool = False) -> None:
+    def begin(self, rule: Rule, aten: bool, annotate: bool = False, anchor: Node | None = None) -> None:
         self.rule = rule
+        # where the replaced code sat in the module tree: torch.export.unflatten, quantizers and
+        # ExecuTorch partitioners read it from every node
+        self._scope_meta = {k: anchor.meta[k] for k in _SCOPE_META if anchor is not None and k in anchor.meta}
         self.aten = aten
         self.annotate = annotate
         self.created = []
@@ -151,6 +158,7 @@ class _ReplacementTracer(fx.Tracer):
         if self.aten and kind in ("call_function", "call_method"):
             kind, target, args, kwargs = aten_spelling(kind, target, args, kwargs)
         node = super().create_node(kind, target, args, kwargs, name, type_expr)
+        node.meta.update(self._scope_meta)
         node.meta["stack_trace"] = self._stack_trace
         node.meta["fxrewrite_rule"] = self.rule.name if self.rule else None
         self.created.append(node)
@@ -185,6 +193,7 @@ class _ReplacementTracer(fx.Tracer):
         """Record a node of a replayed replacement: as :meth:`create_node` would, its ATen
         spelling already decided."""
         node = fx.Tracer.create_node(self, kind, target, args, kwargs)
+        node.meta.update(self._scope_meta)
         node.meta["stack_trace"] = self._stack_trace
         node.meta["fxrewrite_rule"] = self.rule.name if self.rule else None
         self.created.append(node)
@@ -381,7 +390,7 @@ class Splicer:
         # (x.shape[d] => x.size(d)) is recorded as written, never folded to a constant
         annotated = has_values(match.bindings.values()) and all(result_kind(o) != "value" for o in match.outputs)
         tracer.begin(rule, aten=any(isinstance(n.target, torch._ops.OpOverload) for n in match.nodes),
-                     annotate=annotated)
+                     annotate=annotated, anchor=match.anchor)
         key = _template_key(rule, match, tracer) if REPLAY else None
         known = self._templates.get(key) if key is not None else None
         try:
@@ -400,6 +409,9 @@ class Splicer:
             tracer.rollback()
             if isinstance(exc, (RewriteError, Refuse)):
                 raise
+            if isinstance(exc, fx.proxy.TraceError) and annotated:
+                raise Refuse("the replacement branches on a size that is symbolic in this graph (dynamic shapes); "
+                             "it is left as it was") from exc
             raise RewriteError(f"{_where(rule, match)}: the replacement raised {type(exc).__name__}: {exc}. The graph "
                                f"was left as it was before this rewrite; {_fix_for(exc, annotated)}") from exc
         if key is not None and (known is None or not known[1]):

@@ -292,12 +292,6 @@ def test_values_at_preserved_module_boundaries_are_renamed_and_never_swallowed(t
     torch.testing.assert_close(torch.export.load(tmp_path / "gated.pt2").module()(X), model(X))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "core (replace.py): nodes a replacement creates carry no meta['nn_module_stack'] (nor 'source_fn_stack'), so "
-    "torch.export.unflatten raises 'Unable to find nn_module_stack for node silu'. Copy the anchor's "
-    "nn_module_stack/source_fn_stack to the created nodes (as torch.fx.traceback.preserve_node_meta + "
-    "set_current_meta(anchor) does for Inductor's replace_by_example); quantizers and ExecuTorch partitioners "
-    "read them too."))
 def test_rewritten_program_with_a_preserved_module_unflattens():
     model, program = _preserved_gate_program()
     rewritten = fxrewrite.rewrite(program, SILU).exported_program

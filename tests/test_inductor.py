@@ -126,12 +126,6 @@ def test_replacement_branching_on_shape_and_dtype_runs_at_torch_and_aten_stages(
     assert rules.report.applied == {"silu_aligned": 1}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "core (issue 10 section 2): with torch.compile(dynamic=True) the matched value's sizes are symbolic; "
-    "a replacement branching on x.shape[-1] gets fx Proxies and raises TraceError ('symbolically traced variables "
-    "cannot be used as inputs to control flow'), which fails the whole compile. Expected: the replacement sees "
-    "SymInts (bool() guards on the size hint, as Inductor's replace_by_example does) or the match is refused "
-    "with a reason; either way the compile succeeds and the numbers match."))
 @pytest.mark.parametrize("stage", ["pre_grad", "post_grad"])
 def test_replacement_branching_on_a_symbolic_size_under_dynamic_shapes(stage):
     rules = fxrewrite.inductor_pass(SILU_ALIGNED, stage=stage)
