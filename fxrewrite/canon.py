@@ -168,7 +168,8 @@ def _by_name(function: Callable[..., Any], name: str) -> Callable[..., Any]:
     return adapt
 
 
-_SAME_ORDER: dict[Callable[..., Any], str] = {F.relu6: "relu6", F.hardswish: "hardswish", F.hardsigmoid: "hardsigmoid", F.mish: "mish",
+_SAME_ORDER: dict[Callable[..., Any], str] = {
+    F.relu6: "relu6", F.hardswish: "hardswish", F.hardsigmoid: "hardsigmoid", F.mish: "mish",
                F.leaky_relu: "leaky_relu", F.elu: "elu", F.hardtanh: "hardtanh", F.selu: "selu", F.celu: "celu"}
 
 #: ``torch.nn.functional`` functions written in Python, mapped onto their ATen op.
@@ -258,7 +259,8 @@ def op_key_of(op: str, target: Any, canonical: bool = True) -> Hashable:
 
 # -- arguments ------------------------------------------------------------------------------
 
-def canonical_arguments(op: str, target: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
+def canonical_arguments(op: str, target: Any, args: tuple[Any, ...],
+                        kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
     """The call's arguments named by the ATen schema of its op, defaults filled in, without
     the arguments that only select an implementation (:data:`IGNORED_ARGUMENTS`); ``None``
     when the call cannot be put in that form (no ATen op, or no overload accepts it)."""

@@ -19,8 +19,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from . import __version__
@@ -264,7 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="explain against the graph after the other loaded rules ran (as apply leaves it)")
     explain.set_defaults(run=cmd_explain)
 
-    check = sub.add_parser("check", help="property-test rules: does each replacement compute what its pattern computes?")
+    check = sub.add_parser("check",
+                           help="property-test rules: does each replacement compute what its pattern computes?")
     check.add_argument("paths", nargs="*", metavar="PATH", help="rule files or directories (default: shipped)")
     check.add_argument("--examples", type=int, default=100, metavar="N", help="examples drawn per rule")
     check.add_argument("--seed", type=int, default=None, metavar="S", help="seed of the search (default: derandomized)")

@@ -30,8 +30,8 @@ from torch.fx.node import Node
 from .index import OpIndex
 from .match import Match, Rejection, match_at
 from .meta import propagate_inputs
-from .target import to_graph_module
 from .rule import Rule, RuleSet, RulesLike, as_ruleset
+from .target import to_graph_module
 
 __all__ = ["Explanation", "Miss", "RuleExplanation", "explain", "find_matches"]
 

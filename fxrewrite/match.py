@@ -619,9 +619,10 @@ def module_refusal(module: torch.nn.Module, param: Param) -> str | None:
     if not param.accept.subclasses and type(module) is not param.annotation:
         overridden = _overridden_methods(type(module), param.annotation)
         if overridden:
-            return (f"is a {type(module).__name__}, a subclass of {param.annotation.__name__} that overrides "
-                    f"{', '.join(overridden)}, so it may compute something else. If the rule is right for it, "
-                    f"annotate '{param.name}: Annotated[{param.annotation.__name__}, fxrewrite.Accept(subclasses=True)]'")
+            cls = param.annotation.__name__
+            return (f"is a {type(module).__name__}, a subclass of {cls} that overrides {', '.join(overridden)}, so "
+                    f"it may compute something else. If the rule is right for it, annotate "
+                    f"'{param.name}: Annotated[{cls}, fxrewrite.Accept(subclasses=True)]'")
     return None
 
 
@@ -658,8 +659,9 @@ def _overridden_methods(cls: type, base: type) -> list[str]:
         if klass.__module__.startswith("torch.nn.modules."):
             continue
         for name, value in vars(klass).items():
-            if (callable(value) and not (name.startswith("__") and name.endswith("__")) and name not in _HARMLESS_OVERRIDES
-                    and hasattr(base, name) and name not in found):
+            dunder = name.startswith("__") and name.endswith("__")
+            if (callable(value) and not dunder and name not in _HARMLESS_OVERRIDES and hasattr(base, name)
+                    and name not in found):
                 found.append(name)
     return found
 

@@ -209,7 +209,7 @@ def pattern_from_graph(graph: fx.Graph, params: tuple[Param, ...] | None = None,
     if params is None:
         params = tuple(Param(name, "tensor") for name in placeholders)
     param_of = {placeholders[p.name]: p for p in params}
-    for node, param in param_of.items():  # the resolved annotation (a string under `from __future__ import annotations`)
+    for node, param in param_of.items():  # the resolved annotation (a string under `from __future__ import ...`)
         if param.kind == "literal":
             node.type = param.annotation
     outputs = _pattern_outputs(graph, where)

@@ -328,8 +328,8 @@ class _Template:
                 return made.get(value) or slots.get(value) or _UNKNOWN
             return value
 
-        nodes = tuple((n.op, n.target, fx.node.map_aggregate(n.args, symbolic), fx.node.map_aggregate(n.kwargs, symbolic))
-                      for n in created)
+        nodes = tuple((n.op, n.target, fx.node.map_aggregate(n.args, symbolic),
+                       fx.node.map_aggregate(n.kwargs, symbolic)) for n in created)
         template = cls(nodes, tuple(symbolic(o) for o in outputs))
         leaves = tree_leaves((template.nodes, template.outputs))
         return None if any(leaf is _UNKNOWN for leaf in leaves) else template

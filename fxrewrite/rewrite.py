@@ -46,8 +46,8 @@ from .match import Match, match_at, node_position
 from .meta import propagate_inputs
 from .replace import Splicer, insertion_point
 from .report import Report, RewriteResult, RuleStats
-from .target import to_graph_module
 from .rule import Rule, RuleSet, RulesLike, as_ruleset
+from .target import to_graph_module
 
 __all__ = ["rewrite", "rewrite_graph"]
 
@@ -129,7 +129,8 @@ def rewrite(
     except FxRewriteError as exc:
         if inplace and driver.rewrites:
             gm.recompile()
-            _add_note(exc, f"inplace=True: the module keeps the {driver.rewrites} rewrite(s) applied before this error.")
+            _add_note(exc, f"inplace=True: the module keeps the {driver.rewrites} rewrite(s) applied before this "
+                           f"error.")
         raise
     try:
         gm.graph.lint()

@@ -38,8 +38,8 @@ from typing import Any, Union
 import attrs
 
 from .errors import MetadataError, RewriteError, RuleDefinitionError, RuleWarning
-from .report import NO_METADATA
 from .pattern import Param, Pattern, trace_pattern
+from .report import NO_METADATA
 
 __all__ = ["Guard", "Rule", "RuleBuilder", "RuleSet", "RulesLike", "as_ruleset", "describe_guard", "rule"]
 
@@ -277,7 +277,8 @@ class RuleBuilder:
         replacement = getattr(self._replacement, "__name__", "the replacement")
         return (f"{where}:{line}: '{name}' still holds the bare pattern: its replacement '{replacement}' (line "
                 f"{self._line_of(self._replacement)}) was decorated with @{name}.replacement but has a name of its "
-                f"own, so the finished rule is bound to '{replacement}' and '{name}' is left over. Give the replacement "
+                f"own, so the finished rule is bound to '{replacement}' and '{name}' is left over. Give the "
+                f"replacement "
                 f"the pattern's name ('def {name}(...)' under '@{name}.replacement'), or pass the name to the "
                 f"decorator and delete the leftover: '@fxrewrite.rule(name=\"{name}\")' on the pattern, then "
                 f"'del {name}' after the replacement.")

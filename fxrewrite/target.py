@@ -156,7 +156,8 @@ def _traced(target: torch.nn.Module | Any) -> fx.GraphModule:
     """``torch.fx.symbolic_trace(target)``, without compiling the traced graph's code: ``rewrite``
     compiles once, after rewriting."""
     tracer = ThreadConfinedTracer()
-    tracer.proxy_buffer_attributes = True  # buffers are read as graph values: forward's writes to them are recorded, not run
+    # buffers are read as graph values: forward's writes to them are recorded, not run
+    tracer.proxy_buffer_attributes = True
     with TRACING:  # torch.fx's tracing patches nn.Module.__call__ process-wide
         graph = tracer.trace(target)
     name = type(target).__name__ if isinstance(target, torch.nn.Module) else target.__name__

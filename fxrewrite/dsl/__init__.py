@@ -18,8 +18,8 @@ from typing import Any
 
 from ..rule import RuleSet
 from .compile import compile_rules
-from .scope import DEFAULT_NAMES, RESERVED_WORDS
 from .parse import parse
+from .scope import DEFAULT_NAMES, RESERVED_WORDS
 
 __all__ = ["DEFAULT_NAMES", "RESERVED_WORDS", "compile_rules", "parse", "parse_rules"]
 

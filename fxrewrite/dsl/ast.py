@@ -228,7 +228,7 @@ class ListExpr:
     span: Span
 
 
-Expr = Union[
+Expr = Union[  # noqa: UP007 - a runtime alias of many classes reads best as Union[...]
     Name, Wildcard, Literal, Attribute, Call, Slice, Subscript, BinOp, UnaryOp, Compare, BoolOp, Not,
     TupleExpr, ListExpr,
 ]

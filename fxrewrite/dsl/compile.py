@@ -36,7 +36,6 @@ from . import ast
 from .parse import MAX_DEPTH
 from .scope import (
     DEFAULT_NAMES,
-    DEFERRED,
     RESERVED_WORDS,
     PathError,
     Scope,
@@ -412,7 +411,7 @@ _TEMPLATE = "def _fxr({params}):\n    return _evaluate({params})\n"
 class _Frame:
     """The values of a rule's variables during one evaluation, and the lets computed so far."""
 
-    __slots__ = ("values", "lets", "sizes")
+    __slots__ = ("lets", "sizes", "values")
 
     def __init__(self, values: dict[str, Any]) -> None:
         self.values = values

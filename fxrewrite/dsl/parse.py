@@ -300,7 +300,7 @@ def _from_lark(src: ast.SourceText, exc: UnexpectedInput) -> RuleSyntaxError:
     line, column = exc.line if exc.line and exc.line > 0 else 1, exc.column if exc.column and exc.column > 0 else 1
     if isinstance(exc, UnexpectedToken):
         token = exc.token
-        if token.type == "_NL" and not str(token) or token.type == "$END":
+        if (token.type == "_NL" and not str(token)) or token.type == "$END":
             line, column = _end_of_text(src)
         sentence = _sentence(src, token, _accepted(exc))
     elif isinstance(exc, UnexpectedCharacters):

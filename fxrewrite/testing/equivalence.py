@@ -26,6 +26,7 @@ report, for use in tests.
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
@@ -43,10 +44,10 @@ from ..verify import compare, default_tolerance, format_value
 from .repair import Repair, repair_rule
 from .strategies import GuardRaised, InputPlan, call_rule_function, plan_inputs
 
-try:
-    from builtins import BaseExceptionGroup  # type: ignore[attr-defined]
-except ImportError:  # Python 3.10: Hypothesis depends on the backport
-    from exceptiongroup import BaseExceptionGroup  # type: ignore[no-redef]
+if sys.version_info >= (3, 11):
+    from builtins import BaseExceptionGroup
+else:  # Python 3.10: Hypothesis depends on the backport
+    from exceptiongroup import BaseExceptionGroup
 
 __all__ = [
     "CheckResult",

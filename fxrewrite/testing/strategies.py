@@ -25,7 +25,7 @@ import functools
 import math
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import attrs
 import hypothesis.strategies as st
@@ -150,8 +150,9 @@ def _float_elements(dtype: torch.dtype, lo: float | None, hi: float | None, spec
     extreme = [info.max, -info.max, info.tiny, -info.tiny, subnormal, -subnormal]
     non_finite = st.sampled_from([math.inf, -math.inf, math.nan]) if special else st.nothing()
     low, high = _representable(low, width, up=True), _representable(high, width, up=False)
-    moderate = st.floats(max(low, -10.0), min(high, 10.0), width=width) if low <= 10 and high >= -10 else st.nothing()
-    wide = st.floats(low, high, width=width, allow_nan=False, allow_infinity=False)
+    bits = cast(Literal[16, 32, 64], width)
+    moderate = st.floats(max(low, -10.0), min(high, 10.0), width=bits) if low <= 10 and high >= -10 else st.nothing()
+    wide = st.floats(low, high, width=bits, allow_nan=False, allow_infinity=False)
     return st.one_of(_one_of_values(simple, low, high), _one_of_values(extreme, low, high), non_finite,
                      _small_floats(info, low, high), moderate, wide,
                      _one_of_values(ulp_neighbours(dtype), low, high))
@@ -532,7 +533,7 @@ def _parse_mapping_option(key: str, value: Any, where: str) -> Mapping[str, Any]
 _ACTIVATIONS_WITH_DIM = (nn.Softmax, nn.LogSoftmax, nn.Softmin)
 
 
-def _randomize_norm(module: nn.Module) -> None:
+def _randomize_norm(module: Any) -> None:  # Any: its statistics are read by name
     with torch.no_grad():
         if getattr(module, "running_mean", None) is not None:
             module.running_mean.uniform_(-1.0, 1.0)
@@ -551,9 +552,10 @@ def default_module(cls: type[nn.Module], *, width: int, kernel: int, bias: bool)
     Conv2d(2, 2, kernel_size=(3, 3), stride=(1, 1), bias=False)
     """
     module: nn.Module | None
-    if issubclass(cls, (nn.Linear, nn.modules.conv._ConvNd)) and cls not in (nn.Bilinear,):
+    make: Any = cls  # module classes take different constructor arguments; checked by _try
+    if issubclass(cls, (nn.Linear, nn.modules.conv._ConvNd)) and make is not nn.Bilinear:
         args = (width, width) if issubclass(cls, nn.Linear) else (width, width, kernel)
-        module = _try(lambda: cls(*args, bias=bias))
+        module = _try(lambda: make(*args, bias=bias))
     elif issubclass(cls, (nn.modules.batchnorm._NormBase, nn.LayerNorm)):
         module = _try(lambda: cls(width))
     elif issubclass(cls, nn.GroupNorm):
@@ -679,7 +681,7 @@ def _module_consumers(rule: Rule) -> dict[str, str]:
     for node in pattern.graph.nodes:
         if node.op == "call_module" and node.args and isinstance(node.args[0], Node):
             arg = node.args[0]
-            if arg.op == "placeholder" and kinds.get(arg.target) == "tensor":
+            if arg.op == "placeholder" and kinds.get(str(arg.target)) == "tensor":
                 consumers.setdefault(str(arg.target), str(node.target))
     return consumers
 
@@ -1072,8 +1074,9 @@ def _probe_modules(plan: InputPlan, width: int) -> dict[str, nn.Module]:
         source = plan.domain.modules.get(param.name)
         if isinstance(source, SearchStrategy):
             return {}
-        out[param.name] = _seeded(0, source if source is not None else
-                                  lambda p=param: default_module(p.annotation, width=width, kernel=1, bias=True))
+        make: Callable[[], Any] = source if source is not None else functools.partial(
+            default_module, param.annotation, width=width, kernel=1, bias=True)
+        out[param.name] = _seeded(0, make)
     return out
 
 
