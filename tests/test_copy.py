@@ -111,7 +111,11 @@ def test_a_traced_target_keeps_what_symbolic_trace_gives_and_is_compiled_once(mo
     assert [n for n in compiled if n > 1] == [len(result.module.graph.nodes)]  # the final compile only
     reference = fx.symbolic_trace(resnet)
     assert result.module.code == reference.code and type(result.module).__name__ == type(reference).__name__
-    assert result.module.training is False and result.module._tracer_cls is reference._tracer_cls
+    # traced by fxrewrite's tracer: torch.fx's, confined to its thread and reading buffers as graph values
+    from fxrewrite.pattern import ThreadConfinedTracer
+
+    assert result.module.training is False and result.module._tracer_cls is ThreadConfinedTracer
+    assert issubclass(ThreadConfinedTracer, reference._tracer_cls)
     x = torch.randn(2, 3, 16, 16)
     torch.testing.assert_close(result.module(x), resnet(x))
     result.module.graph.lint()

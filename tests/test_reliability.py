@@ -719,7 +719,7 @@ def test_pattern_without_replacement_and_non_rules_are_refused():
     def half(x):
         return torch.neg(torch.neg(x))
 
-    with pytest.raises(RuleDefinitionError, match=r"has no replacement yet; decorate one with @half.replacement"):
+    with pytest.raises(RuleDefinitionError, match=r"awaiting its replacement: decorate the replacement function with @half.replacement"):
         rewrite(lambda a: a, half)
     with pytest.raises(RuleDefinitionError, match="RuleSet takes Rule objects, got 'neg_neg' \\(str\\)"):
         rewrite(lambda a: a, ["neg_neg"])
