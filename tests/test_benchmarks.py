@@ -25,7 +25,6 @@ def bench():
     return _load("bench_rewrite")
 
 
-@pytest.mark.slow  # ~15 s on an idle 2-core machine, 30 s on a busy one
 def test_quick_run_prints_every_workload_the_target_table_and_passes_its_correctness_checks(bench):
     out = io.StringIO()
     assert bench.main(["--quick", "--sizes", "300,600", "-q", "--fx-max-nodes", "300"], out=out) == 0
