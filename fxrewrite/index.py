@@ -25,6 +25,7 @@ from collections.abc import Hashable, Iterable
 import torch.fx as fx
 from torch.fx.node import Node
 
+from ._torch import is_erased, node_position
 from .canon import op_key_of
 
 __all__ = ["OpIndex"]
@@ -57,7 +58,7 @@ class OpIndex:
         """File nodes just created in the graph (erased ones are skipped), and note that the
         graph changed: nodes erased since are dropped from their buckets when next read."""
         for node in nodes:
-            if not node._erased:
+            if not is_erased(node):
                 self._added.setdefault(self.key(node), []).append(node)
         self._generation += 1
 
@@ -68,18 +69,14 @@ class OpIndex:
         if bucket is None and added is None:
             return []
         if added is not None or self._clean.get(key) != self._generation:
-            live = [n for n in (*(bucket or ()), *(added or ())) if not n._erased]
+            live = [n for n in (*(bucket or ()), *(added or ())) if not is_erased(n)]
             if added is not None:
-                live.sort(key=_position)
+                live.sort(key=node_position)
             self._buckets[key] = bucket = live
             self._clean[key] = self._generation
-        return bucket
+        return bucket or []
 
     __call__ = nodes
 
     def __contains__(self, key: Hashable) -> bool:
         return bool(self.nodes(key))
-
-
-def _position(node: Node) -> object:
-    return node._sort_key

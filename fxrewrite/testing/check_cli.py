@@ -100,7 +100,10 @@ def _keyword_matcher(expression: str) -> Callable[[tuple[str, ...]], bool]:
             f"substrings of rule or file names joined by and/or/not, e.g. -k 'relu and not gelu'.") from None
 
     def matches(keywords: tuple[str, ...]) -> bool:
-        return compiled.evaluate(lambda word: any(word.lower() in k.lower() for k in keywords))
+        def named(word: str, /, **_: str | int | bool | None) -> bool:
+            return any(word.lower() in k.lower() for k in keywords)
+
+        return compiled.evaluate(named)
 
     return matches
 
@@ -147,7 +150,8 @@ class _Status:
         if not self.enabled:
             return
         names = ", ".join(running[:3]) + (f" (+{len(running) - 3})" if len(running) > 3 else "")
-        self.out.write(f"\r\033[K[{done}/{self.total}] checking {names}" if running else f"\r\033[K[{done}/{self.total}]")
+        progress = f"\r\033[K[{done}/{self.total}]"
+        self.out.write(f"{progress} checking {names}" if running else progress)
         self.out.flush()
         self.shown = True
 

@@ -151,4 +151,4 @@ def _examples(config: pytest.Config) -> int:
         return int(examples)
     from hypothesis import settings
 
-    return int(settings.default.max_examples)
+    return int(settings.default.max_examples) if settings.default is not None else 100
