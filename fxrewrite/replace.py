@@ -136,6 +136,7 @@ class _ReplacementTracer(fx.Tracer):
         self.read_metadata = False
         self.called_module = False
         self._scope_meta: dict[str, Any] = {}
+        self._next_suffix: dict[str, int] = {}
 
     def begin(self, rule: Rule, aten: bool, annotate: bool = False, anchor: Node | None = None) -> None:
         self.rule = rule
@@ -211,10 +212,13 @@ class _ReplacementTracer(fx.Tracer):
         return self.create_proxy("call_module", path, args, kwargs)
 
     def _fresh_name(self, what: str) -> str:
+        """``<rule>_<what>_<k>`` with the first free ``k``; the search resumes where the last one
+        for this base stopped (a rule folding a thousand convolutions costs linear time)."""
         base = re.sub(r"\W", "_", f"{self.rule.name if self.rule else 'fxrewrite'}_{what}")
-        k = 0
+        k = self._next_suffix.get(base, 0)
         while hasattr(self.root, f"{base}_{k}"):
             k += 1
+        self._next_suffix[base] = k + 1
         return f"{base}_{k}"
 
     def rollback(self) -> None:
