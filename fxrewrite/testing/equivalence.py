@@ -325,6 +325,7 @@ def check_rule(rule: Rule, *, max_examples: int = DEFAULT_EXAMPLES, seed: int | 
     per kind: fixing the first one does not hide the next. Then, unless ``repair=False``, the
     weakest restriction that makes the rule pass is searched for (``result.repair``).
     """
+    _check_arguments("check_rule", rule, max_examples, seed)
     start = time.perf_counter()
     where = f"rule '{rule.name}' ({rule.origin})"
     try:
@@ -431,6 +432,20 @@ def _result(rule: Rule, verdict: Verdict, examples: int, start: float, message: 
                        repair=fixed.rule if fixed else None, repair_code=fixed.code() if fixed else None)
 
 
+def _check_arguments(function: str, rule: Any, max_examples: Any, seed: Any) -> None:
+    """The arguments of :func:`check_rule` and :func:`assert_rule_equivalent`, checked before any
+    search: an :class:`~fxrewrite.errors.ArgumentError` names the one that is wrong."""
+    from ..errors import ArgumentError
+
+    if not isinstance(rule, Rule):
+        raise ArgumentError(f"{function}(): rule takes a fxrewrite.Rule (e.g. from fxrewrite.Rule.from_functions or "
+                            f"load_rules(...)['name']), got {rule!r} ({type(rule).__name__}).")
+    if not isinstance(max_examples, int) or isinstance(max_examples, bool) or max_examples < 1:
+        raise ArgumentError(f"{function}(): max_examples= takes a number of examples >= 1, got {max_examples!r}.")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise ArgumentError(f"{function}(): seed= takes an int or None (derandomized), got {seed!r}.")
+
+
 def assert_rule_equivalent(rule: Rule, *, max_examples: int = DEFAULT_EXAMPLES, seed: int | None = None) -> CheckResult:
     """:func:`check_rule`, raising :class:`~fxrewrite.errors.NotEquivalent` with the report
     unless the rule is sound. Returns the result (for its example count and time).
@@ -442,6 +457,7 @@ def assert_rule_equivalent(rule: Rule, *, max_examples: int = DEFAULT_EXAMPLES, 
     ...
     fxrewrite.errors.NotEquivalent: rule 'sub_self' is unsound: the replacement computes different values...
     """
+    _check_arguments("assert_rule_equivalent", rule, max_examples, seed)
     result = check_rule(rule, max_examples=max_examples, seed=seed)
     if not result.ok:
         raise NotEquivalent(result.message)

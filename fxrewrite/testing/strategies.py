@@ -911,6 +911,7 @@ def inputs_for(rule: Rule, *, domain: Mapping[str, Any] | None = None) -> Search
     """Every argument of ``rule``'s pattern, as ``{parameter name: value}``: tensors for
     variables, values of their annotated type for literal captures, modules for module
     captures. Only draws on which the pattern runs and every guard holds are kept.
+    A ``rule`` that is not a :class:`~fxrewrite.Rule` is an ``ArgumentError``.
 
     ``domain`` replaces the rule's own declaration. Raises
     :class:`~fxrewrite.errors.RuleDefinitionError` if the domain is malformed or a module
@@ -924,6 +925,10 @@ def inputs_for(rule: Rule, *, domain: Mapping[str, Any] | None = None) -> Search
     >>> sorted(inputs), torch.broadcast_shapes(inputs["x"].shape, inputs["y"].shape) == inputs["x"].shape
     (['x', 'y'], True)
     """
+    if not isinstance(rule, Rule):
+        from ..errors import ArgumentError
+
+        raise ArgumentError(f"inputs_for(): rule takes a fxrewrite.Rule, got {rule!r} ({type(rule).__name__}).")
     return plan_inputs(rule, domain=domain).strategy()
 
 

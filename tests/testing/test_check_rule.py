@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from torch import nn
 
 from fxrewrite import Rule
 from fxrewrite.errors import NotEquivalent
-from fxrewrite.testing import CheckResult, Tolerance, assert_rule_equivalent, check_rule, evaluate
+from fxrewrite.testing import CheckResult, Tolerance, assert_rule_equivalent, check_rule, evaluate, inputs_for
 
 EXAMPLES = 60
 
@@ -282,3 +283,22 @@ def test_assert_rule_equivalent_raises_not_equivalent_with_the_report():
 
 def test_assert_rule_equivalent_returns_the_result_of_a_sound_rule():
     assert assert_rule_equivalent(DOUBLE_NEG, max_examples=10).examples_run >= 10
+
+
+@pytest.mark.parametrize("call, fragment", [
+    (lambda: check_rule(None), "check_rule(): rule takes a fxrewrite.Rule"),
+    (lambda: check_rule("neg_neg"), "check_rule(): rule takes a fxrewrite.Rule"),
+    (lambda: check_rule(_double_neg(), max_examples=0), "max_examples= takes a number of examples >= 1"),
+    (lambda: check_rule(_double_neg(), seed="x"), "seed= takes an int or None"),
+    (lambda: assert_rule_equivalent(None), "assert_rule_equivalent(): rule takes a fxrewrite.Rule"),
+    (lambda: inputs_for(None), "inputs_for(): rule takes a fxrewrite.Rule"),
+])
+def test_a_bad_argument_is_an_argument_error_naming_it(call, fragment):
+    from fxrewrite import ArgumentError
+
+    with pytest.raises(ArgumentError, match=re.escape(fragment)):
+        call()
+
+
+def _double_neg():
+    return Rule.from_functions(lambda x: torch.neg(torch.neg(x)), lambda x: x, name="neg_neg")
