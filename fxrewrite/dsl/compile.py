@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import difflib
 import keyword
+import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -701,7 +702,16 @@ class _Compiler:
             raise self.ctx.error(node.span, "a pattern can only call functions on its variables, and this call "
                                             "uses none; write the constant it stands for, or move it to the "
                                             "replacement.")
-        return lambda frame: func(frame)(*[a(frame) for a in args], **{k: v(frame) for k, v in keywords})
+        src, span = self.ctx.src, node.span
+
+        def call(frame: Any) -> Any:
+            fn, values = func(frame), [a(frame) for a in args]
+            problem = _huge_result(fn, values)
+            if problem:
+                raise _runtime_error(src, span, problem)
+            return fn(*values, **{k: v(frame) for k, v in keywords})
+
+        return call
 
     def _check_callee(self, node: ast.Call) -> None:
         func = node.func
@@ -857,6 +867,25 @@ def _binary(op: str, src: ast.SourceText, span: ast.Span) -> Callable[[Any, Any]
         return fn(a, b)
 
     return apply
+
+
+def _huge_result(fn: Any, args: list[Any]) -> str | None:
+    """Refuse ``math.factorial``/``comb``/``perm`` calls whose result would be huge (estimated
+    before computing it: ``math.comb(10**7, 5 * 10**6)`` takes minutes and no op takes it)."""
+    if fn not in (math.factorial, math.comb, math.perm) or not args:
+        return None
+    if not all(isinstance(a, int) and not isinstance(a, bool) for a in args):
+        return None
+    n = args[0]
+    k = min(args[1] if len(args) > 1 else n, n)
+    if n <= 1 or k <= 0:
+        return None
+    log_result = math.lgamma(n + 1) - math.lgamma(n - k + 1) - (math.lgamma(k + 1) if fn is math.comb else 0.0)
+    bits = int(log_result / math.log(2))
+    if bits <= _MAX_CONSTANT_BITS:
+        return None
+    return (f"math.{fn.__name__}{tuple(args)} would have about {bits} bits; at most {_MAX_CONSTANT_BITS} are "
+            f"allowed: write a smaller constant.")
 
 
 def _constant_problem(op: str, a: Any, b: Any) -> str | None:

@@ -212,3 +212,14 @@ def test_use_lines_are_added_to_one_scope_not_copied_per_line(monkeypatch):
     text = "".join(f"use torch.neg as n{i}\n" for i in range(300)) + "rule r:\n    n299(x) + 1 => x\n"
     (rule,) = parse_rules(text)
     assert rule.compiled.anchor.target is not None and len(built) <= 2
+
+
+@pytest.mark.parametrize("call", ["math.comb(10000000, 5000000)", "math.factorial(100000)", "math.perm(10**6, 10**5)"])
+def test_a_huge_integer_function_in_a_replacement_is_refused_before_it_is_computed(call):
+    import torch
+
+    import fxrewrite
+
+    rules = fxrewrite.parse_rules(f"rule r:\n    torch.neg(torch.neg(x)) => x * {call}\n")
+    with pytest.raises(fxrewrite.RewriteError, match=r"would have about \d+ bits; at most 65536 are allowed"):
+        fxrewrite.rewrite(lambda a: torch.neg(torch.neg(a)), rules)
