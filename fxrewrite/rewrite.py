@@ -141,10 +141,23 @@ def rewrite(
         ) from exc
     if driver.rewrites:
         _drop_dead_attributes(gm, owned=not inplace)
-    gm.recompile()
+    _recompile(gm, driver, inplace=inplace)
     report = Report({r.name: driver.tallies[r.name].freeze() for r in ruleset}, driver.rewrites,
                     time.perf_counter() - started, driver.last_rewrite)
     return RewriteResult(gm, report)
+
+
+def _recompile(gm: fx.GraphModule, driver: _Driver, *, inplace: bool) -> None:
+    """Generate the rewritten module's code; a graph Python cannot be generated from is a
+    :class:`RewriteError` naming the rules applied, never a raw error from code generation."""
+    try:
+        gm.recompile()
+    except Exception as exc:
+        kept = (" With inplace=True the module's graph holds the rewrites but its code is the old one: rebuild it "
+                "from a fresh trace." if inplace else " The caller's module is untouched.")
+        raise RewriteError(
+            f"the rewritten graph could not be turned into Python code ({type(exc).__name__}: {exc}). Rules "
+            f"applied: {driver.applied_rules()}.{kept}") from exc
 
 
 def _add_note(exc: BaseException, note: str) -> None:
