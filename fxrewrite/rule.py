@@ -134,6 +134,18 @@ class Rule:
     def anchor_key(self) -> Hashable:
         return self.compiled.anchor_key
 
+    def failing_guard(self, match: Any) -> tuple[Guard, Exception | None] | None:
+        """The first guard that does not accept ``match``, with the exception it raised (``None``
+        when it returned False); ``None`` when every guard accepts. The one place guards run:
+        the driver, ``explain`` and the property checker all ask this."""
+        for guard in self.where:
+            try:
+                if not guard(match):
+                    return guard, None
+            except Exception as exc:
+                return guard, exc
+        return None
+
     def refusal(self, match: Any) -> str | None:
         """Run the guards on ``match``: ``None`` when all accept it, else which one refused.
 
@@ -142,24 +154,23 @@ class Rule:
         returns False on such a graph gets the same hint. A guard that raises anything else is
         an error (:class:`RewriteError` naming the rule and the node), never a silent refusal.
         """
-        for guard in self.where:
-            try:
-                ok = bool(guard(match))
-            except MetadataError:
+        failed = self.failing_guard(match)
+        if failed is not None:
+            guard, exc = failed
+            if isinstance(exc, MetadataError):
                 return (f"guard {describe_guard(guard)} needs shapes/dtypes and {NO_METADATA}: pass "
                         f"example_inputs= (command line: --shapes) or rewrite a torch.export graph (--export)")
-            except Exception as exc:
+            if exc is not None:
                 raise RewriteError(
                     f"rule '{self.name}' ({self.origin}): guard {describe_guard(guard)} raised "
                     f"{type(exc).__name__}: {exc} at graph node '{match.anchor.name}' "
                     f"({match.anchor.format_node()}). Fix the guard; no rewrite was applied here."
                 ) from exc
-            if not ok:
-                reason = f"guard {describe_guard(guard)} returned False"
-                if not any("val" in n.meta or "tensor_meta" in n.meta for n in (match.anchor, *match.nodes)):
-                    reason += (f" ({NO_METADATA}; if the guard reads them, pass example_inputs= (command line: "
-                               f"--shapes) or rewrite a torch.export graph (--export))")
-                return reason
+            reason = f"guard {describe_guard(guard)} returned False"
+            if not any("val" in n.meta or "tensor_meta" in n.meta for n in (match.anchor, *match.nodes)):
+                reason += (f" ({NO_METADATA}; if the guard reads them, pass example_inputs= (command line: "
+                           f"--shapes) or rewrite a torch.export graph (--export))")
+            return reason
         return None
 
     def __repr__(self) -> str:

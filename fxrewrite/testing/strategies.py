@@ -1029,17 +1029,17 @@ def accepts(plan: InputPlan, inputs: Mapping[str, Any], *,
         match = plan.harness.match(inputs)
     except Exception:
         return False
-    for guard in rule.where:
-        try:
-            if not guard(match):
-                return False
-        except Exception as exc:
-            if guard_errors != "raise":
-                return guard_errors == "accept"
-            raise GuardRaised(
-                f"rule '{rule.name}' ({rule.origin}): guard {_guard_name(guard)} raised "
-                f"{type(exc).__name__}: {exc}", inputs, exc) from exc
-    return True
+    failed = rule.failing_guard(match)
+    if failed is None:
+        return True
+    guard, exc = failed
+    if exc is None:
+        return False
+    if guard_errors != "raise":
+        return guard_errors == "accept"
+    raise GuardRaised(
+        f"rule '{rule.name}' ({rule.origin}): guard {_guard_name(guard)} raised "
+        f"{type(exc).__name__}: {exc}", inputs, exc) from exc
 
 
 # -- probing --------------------------------------------------------------------------------------
