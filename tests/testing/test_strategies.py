@@ -441,7 +441,7 @@ def _minimal(pattern, replacement, domain, **kw):
 def test_a_subnormal_bug_shrinks_to_the_smallest_subnormal():
     # reciprocal overflows to inf only for subnormals below 1/max
     found = _minimal(lambda x: torch.isinf(torch.reciprocal(x)), lambda x: x == 0, {"dtypes": (torch.float32,)})
-    assert found["x"].shape == () and float(found["x"]) == _next(0.0, 1.0)
+    assert found["x"].shape == () and abs(float(found["x"])) == _next(0.0, 1.0)  # either sign is minimal
 
 
 def test_a_bug_one_ulp_below_a_power_of_two_shrinks_to_the_smallest_such_value():
@@ -470,7 +470,8 @@ def test_a_sign_of_zero_bug_shrinks_to_negative_zero():
 
 def test_an_overflow_bug_shrinks_to_the_largest_finite_value():
     found = _minimal(lambda x: torch.sqrt(x * x), lambda x: torch.abs(x), {"dtypes": (torch.float32,)})
-    assert found["x"].shape == () and float(found["x"]) == torch.finfo(torch.float32).max
+    # +max or -max, both minimal (which one depends on the constants Hypothesis picked up in the session)
+    assert found["x"].shape == () and abs(float(found["x"])) == torch.finfo(torch.float32).max
 
 
 def test_a_mask_bug_shrinks_to_the_value_2():
