@@ -442,8 +442,8 @@ class Splicer:
 
 def _template_key(rule: Rule, match: Match, tracer: _ReplacementTracer) -> Hashable | None:
     """What a replacement's recorded graph may depend on besides the bound tensors: the rule,
-    the graph's level and the literal captures' values (``None``: never replayed, e.g. a module
-    capture)."""
+    the graph's level, the literal captures' values and which variables bound the same value
+    (``None``: never replayed, e.g. a module capture)."""
     literals = []
     for param in rule.compiled.params:
         value = match.bindings[param.name]
@@ -451,8 +451,15 @@ def _template_key(rule: Rule, match: Match, tracer: _ReplacementTracer) -> Hasha
             return None
         if param.kind == "literal":
             literals.append((param.name, type(value), repr(value)))  # repr: -0.0 is not 0.0 here
+    # which variables bound the same value: a template records one of them for both, so it is only
+    # replayed for matches that share values the same way (x * x recorded is not x * y)
+    shared: dict[Node, list[str]] = {}
+    for name, value in match.bindings.items():
+        if isinstance(value, Node):
+            shared.setdefault(value, []).append(name)
+    sharing = tuple(sorted(tuple(names) for names in shared.values() if len(names) > 1))
     try:
-        key = (rule.name, id(rule.replacement), tracer.aten, tracer.annotate, tuple(literals))
+        key = (rule.name, id(rule.replacement), tracer.aten, tracer.annotate, tuple(literals), sharing)
         hash(key)
     except TypeError:
         return None

@@ -260,3 +260,23 @@ def test_replay_calls_a_pure_replacement_twice_however_many_matches():
     result.module.graph.lint()
     a = torch.randn(4)
     torch.testing.assert_close(result.module(a), fn(a))
+
+
+def test_a_template_recorded_where_two_variables_bound_one_value_is_not_replayed_where_they_differ():
+    # found by the long fuzz run: x.reshape_as(y).reshape_as(z) => x.reshape_as(z), first matched
+    # with x and y both bound to x0, was replayed with y's value for x where they differed
+    rule = Rule.from_functions(lambda x, y, z: x.reshape_as(y).reshape_as(z), lambda x, y, z: x.reshape_as(z),
+                               name="reshape_as_reshape_as")
+
+    def fn(a):
+        same = a.reshape_as(a).reshape_as(a * 1)
+        again = a.reshape_as(a).reshape_as(a * 1)
+        different = a.reshape_as(torch.ceil(a)).reshape_as(a * 1)
+        return same, again, different
+
+    result = rewrite(fn, rule)
+    assert result.report.applied["reshape_as_reshape_as"] == 3
+    result.module.graph.lint()
+    a = torch.randn(3, 3)
+    for got, expected in zip(result.module(a), fn(a)):
+        torch.testing.assert_close(got, expected)
