@@ -85,6 +85,22 @@ class _Tally:
         self.graphs += 1
 
 
+class _Cumulative:
+    """``report`` and ``graphs`` of a pass or backend that tallies the graphs it rewrote."""
+
+    _tally: _Tally
+
+    @property
+    def report(self) -> Report:
+        """What it did, summed over every graph it was handed."""
+        return self._tally.report
+
+    @property
+    def graphs(self) -> int:
+        """How many graphs it has rewritten."""
+        return self._tally.graphs
+
+
 def _sum(a: RuleStats, b: RuleStats) -> RuleStats:
     return RuleStats(a.attempts + b.attempts, a.applied + b.applied, a.rejected + b.rejected,
                      a.seconds + b.seconds, (*a.reasons, *b.reasons)[:_MAX_REASONS])
@@ -93,7 +109,7 @@ def _sum(a: RuleStats, b: RuleStats) -> RuleStats:
 # ---- the Inductor pass ------------------------------------------------------------------------
 
 
-class RulePass(CustomGraphPass):
+class RulePass(_Cumulative, CustomGraphPass):
     """A rule set as an Inductor custom graph pass; build it with :func:`inductor_pass`.
 
     ``pass_(graph)`` rewrites ``graph`` in place. At the ATen stages (``joint``, ``post_grad``)
@@ -118,16 +134,6 @@ class RulePass(CustomGraphPass):
     def options(self) -> dict[str, Any]:
         """``torch.compile(model, options=pass_.options)`` installs this pass."""
         return {self.config_name: self}
-
-    @property
-    def report(self) -> Report:
-        """What the pass did, summed over every graph it was handed."""
-        return self._tally.report
-
-    @property
-    def graphs(self) -> int:
-        """How many graphs the pass has rewritten."""
-        return self._tally.graphs
 
     @property
     def seconds(self) -> float:
@@ -321,7 +327,7 @@ def _inline(graph: fx.Graph, node: Node, sub: fx.Graph, inputs: Sequence[Node]) 
 # ---- the backend ------------------------------------------------------------------------------
 
 
-class RuleBackend:
+class RuleBackend(_Cumulative):
     """A ``torch.compile`` backend: rewrite Dynamo's graph with the rules, then hand it on.
     Build it with :func:`backend`."""
 
@@ -331,15 +337,6 @@ class RuleBackend:
         self.then_name = name
         self.max_rewrites = max_rewrites
         self._tally = _Tally(rules)
-
-    @property
-    def report(self) -> Report:
-        """What the backend did, summed over every graph Dynamo handed it."""
-        return self._tally.report
-
-    @property
-    def graphs(self) -> int:
-        return self._tally.graphs
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         from .rewrite import rewrite_graph

@@ -120,10 +120,9 @@ def rewrite(
     gm = to_graph_module(target, inplace=inplace)
     if example_inputs is not None:
         propagate_inputs(gm, example_inputs)
-    budget = max_rewrites if max_rewrites is not None else 8 * len(gm.graph.nodes) + 64
-    debug = debug if debug is not None else os.environ.get("FXREWRITE_DEBUG", "") not in ("", "0")
     started = time.perf_counter()
-    driver = _Driver(gm, ruleset, budget=budget, debug=debug, on_progress=on_progress, stop_after=_stop_after)
+    driver = _Driver(gm, ruleset, budget=_budget(gm.graph, max_rewrites), debug=_debug(debug), on_progress=on_progress,
+                     stop_after=_stop_after)
     try:
         driver.run()
     except FxRewriteError as exc:
@@ -132,19 +131,33 @@ def rewrite(
             _add_note(exc, f"inplace=True: the module keeps the {driver.rewrites} rewrite(s) applied before this "
                            f"error.")
         raise
-    try:
-        gm.graph.lint()
-    except Exception as exc:
-        raise RewriteError(
-            f"the rewritten graph is invalid ({exc}); rerun with debug=True (or FXREWRITE_DEBUG=1) to find the "
-            f"rule after which it broke. Rules applied: {driver.applied_rules()}."
-        ) from exc
+    _check_lint(gm.graph, driver, how="rerun with debug=True (or FXREWRITE_DEBUG=1)")
     if driver.rewrites:
         _drop_dead_attributes(gm, owned=not inplace)
     _recompile(gm, driver, inplace=inplace)
-    report = Report({r.name: driver.tallies[r.name].freeze() for r in ruleset}, driver.rewrites,
-                    time.perf_counter() - started, driver.last_rewrite)
-    return RewriteResult(gm, report)
+    return RewriteResult(gm, driver.report(time.perf_counter() - started))
+
+
+def _budget(graph: fx.Graph, max_rewrites: int | None) -> int:
+    """The rewrite budget: ``max_rewrites``, or eight rewrites per graph node plus 64."""
+    return max_rewrites if max_rewrites is not None else 8 * len(graph.nodes) + 64
+
+
+def _debug(debug: bool | None) -> bool:
+    """``debug``, or when it is ``None`` the environment variable ``FXREWRITE_DEBUG``."""
+    return debug if debug is not None else os.environ.get("FXREWRITE_DEBUG", "") not in ("", "0")
+
+
+def _check_lint(graph: fx.Graph, driver: _Driver, *, how: str) -> None:
+    """The rewritten graph lints, else a :class:`RewriteError` naming the rules applied and
+    ``how`` to find the one after which it broke."""
+    try:
+        graph.lint()
+    except Exception as exc:
+        raise RewriteError(
+            f"the rewritten graph is invalid ({exc}); {how} to find the rule after which it broke. Rules applied: "
+            f"{driver.applied_rules()}."
+        ) from exc
 
 
 def _recompile(gm: fx.GraphModule, driver: _Driver, *, inplace: bool) -> None:
@@ -412,6 +425,11 @@ class _Driver:
                 return True
         return False
 
+    def report(self, seconds: float) -> Report:
+        """What this drive did, rule by rule, as a :class:`Report`."""
+        return Report({r.name: self.tallies[r.name].freeze() for r in self.ruleset}, self.rewrites, seconds,
+                      self.last_rewrite)
+
     def applied_rules(self) -> str:
         return ", ".join(f"{name} ({t.applied}x)" for name, t in self.tallies.items() if t.applied) or "none"
 
@@ -523,20 +541,11 @@ def rewrite_graph(graph: fx.Graph, rules: RulesLike, *, max_rewrites: int | None
     ruleset = as_ruleset(rules)
     owner = graph.owning_module
     gm = owner if isinstance(owner, fx.GraphModule) else fx.GraphModule(owner or torch.nn.Module(), graph)
-    budget = max_rewrites if max_rewrites is not None else 8 * len(graph.nodes) + 64
-    debug = os.environ.get("FXREWRITE_DEBUG", "") not in ("", "0")
     started = time.perf_counter()
-    driver = _Driver(gm, ruleset, budget=budget, debug=debug)
+    driver = _Driver(gm, ruleset, budget=_budget(graph, max_rewrites), debug=_debug(None))
     driver.run()
     if driver.rewrites:
-        try:
-            graph.lint()
-        except Exception as exc:
-            raise RewriteError(
-                f"the rewritten graph is invalid ({exc}); set FXREWRITE_DEBUG=1 to find the rule after which it "
-                f"broke. Rules applied: {driver.applied_rules()}."
-            ) from exc
+        _check_lint(graph, driver, how="set FXREWRITE_DEBUG=1")
         _drop_dead_attributes(gm, owned=False)
         gm.recompile()
-    return Report({r.name: driver.tallies[r.name].freeze() for r in ruleset}, driver.rewrites,
-                  time.perf_counter() - started, driver.last_rewrite)
+    return driver.report(time.perf_counter() - started)
