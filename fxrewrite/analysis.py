@@ -41,7 +41,7 @@ import torch.fx as fx
 from torch import nn
 from torch.fx.node import Node, map_aggregate
 
-from .canon import canonical_arguments, is_commutative_call, op_key_of
+from .canon import attribute_at, canonical_arguments, is_commutative_call, op_key_of
 from .errors import FxRewriteError
 from .match import Match, match_at
 from .meta import propagate_inputs
@@ -785,17 +785,10 @@ def _structure(module: fx.GraphModule) -> str:
     form = canonical_form(module.graph, module)
     for node in module.graph.nodes:
         if node.op == "get_attr":
-            value = _attribute(module, str(node.target))
+            value = attribute_at(module, str(node.target))
             kind = f"{tuple(value.shape)}:{value.dtype}" if isinstance(value, torch.Tensor) else type(value).__name__
             form = form.replace(f"get_attr({node.target})", f"get_attr({kind})")
     return form
-
-
-def _attribute(module: nn.Module, path: str) -> Any:
-    value: Any = module
-    for part in path.split("."):
-        value = getattr(value, part, None)
-    return value
 
 
 def _difference(base: _Outcome, other: _Outcome) -> str | None:

@@ -55,6 +55,7 @@ __all__ = [
     "aliased_inputs",
     "aten_overload",
     "aten_spelling",
+    "attribute_at",
     "canonical_arguments",
     "canonical_name",
     "dtype_conversion",
@@ -1024,8 +1025,14 @@ def _module_floating(node: Node, seen: dict[Node, bool | None]) -> bool | None:
     return None
 
 
-def _attribute_value(node: Node) -> Any:
-    value: Any = node.graph.owning_module
-    for part in str(node.target).split("."):
+def attribute_at(root: Any, path: str) -> Any:
+    """The attribute at dotted ``path`` below ``root`` (a submodule, parameter or buffer), or
+    ``None`` when it does not exist."""
+    value: Any = root
+    for part in path.split("."):
         value = getattr(value, part, None)
     return value
+
+
+def _attribute_value(node: Node) -> Any:
+    return attribute_at(node.graph.owning_module, str(node.target))

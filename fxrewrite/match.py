@@ -35,6 +35,7 @@ from torch.fx.node import Node
 
 from . import _torch
 from .canon import (
+    attribute_at,
     is_check,
     is_commutative_call,
     known_floating,
@@ -684,11 +685,7 @@ def _creates_cycle(inner: Mapping[Node, Node], inputs: Iterable[Any]) -> bool:
 
 
 def _attribute(node: Node) -> Any:
-    owner = node.graph.owning_module
-    value: Any = owner
-    for part in str(node.target).split("."):
-        value = getattr(value, part, None)
-    return value
+    return attribute_at(node.graph.owning_module, str(node.target))
 
 
 def _same_attribute_kind(pn: Node, gn: Node) -> bool:
