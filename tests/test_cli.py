@@ -9,11 +9,12 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
+from _helpers import write_source
 
 import fxrewrite
 import fxrewrite.target
@@ -385,3 +386,99 @@ def test_output_folder_name_must_be_an_identifier(project):
     code, _, err = run("apply", "net.py:model", "--rules", "neg.fxr", "-o", "my-model")
     assert code == 2 and "must be an identifier; use e.g. 'my_model'" in err
     assert not (project / "my-model").exists()
+
+
+# ---- bad targets and rule files on the command line ---------------------------------------------------------
+
+
+MODELS = """
+    import sys
+    import torch
+
+    class Fine(torch.nn.Module):
+        def forward(self, x):
+            return torch.neg(torch.neg(x)) + 1
+
+    class Branchy(torch.nn.Module):
+        def forward(self, x):
+            return x if x.sum() > 0 else -x
+
+    class NeedsWidth(torch.nn.Module):
+        def __init__(self, width):
+            super().__init__()
+
+    def factory_of_a_number():
+        return 42
+
+    number = 7
+
+    def example_inputs():
+        return (torch.randn(3),)
+"""
+
+
+@pytest.fixture
+def cli_files(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_source(tmp_path / "models.py", MODELS)
+    write_source(tmp_path / "broken.py", "import torch\nraise RuntimeError('model file is broken')\n")
+    write_source(tmp_path / "rules.fxr", "rule double_neg:\n    torch.neg(torch.neg(x)) => x\n")
+    write_source(tmp_path / "bad.fxr", "rule bad:\n    torch.neg(x) x\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize("argv, fragments", [
+    (["apply", "models.py:Branchy"], ["symbolic_trace failed on 'models.py:Branchy'", "TraceError", "Try --export"]),
+    (["explain", "models.py:Branchy"], ["symbolic_trace failed on 'models.py:Branchy'"]),
+    (["apply", "models.py:NeedsWidth"], ["calling the class 'models.py:NeedsWidth' with no arguments failed",
+                                         "missing 1 required positional argument: 'width'"]),
+    (["apply", "models.py:factory_of_a_number"], ["the factory 'models.py:factory_of_a_number' returned a int, "
+                                                  "not an nn.Module"]),
+    (["apply", "models.py:number"], ["'models.py:number' is a int; it must be an nn.Module"]),
+    (["apply", "models.py:Nope"], ["'models.py' defines no 'Nope' (it defines: Branchy, Fine,"]),
+    (["apply", "missing.py:Net"], ["no such file: 'missing.py' (the current directory is"]),
+    (["apply", "broken.py:Net"], ["cannot import 'broken.py' for target 'broken.py:Net'",
+                                  "RuntimeError: model file is broken"]),
+    (["apply", "no_such_package_xyz.models:Net"], ["cannot import 'no_such_package_xyz.models'",
+                                                   "ModuleNotFoundError"]),
+    (["apply", "models"], ["cannot read the target 'models': write it as path/to/file.py:NAME"]),
+    (["apply", "models.py:Fine", "--rules", "nowhere"], ["no such rule file or directory: 'nowhere'"]),
+    (["apply", "models.py:Fine", "--rules", "bad.fxr"], ["bad.fxr:2:18: expected '=>' followed by the replacement"]),
+    (["explain", "models.py:Fine", "--rules", "rules.fxr", "--rule", "nope"], ["no rule named nope"]),
+    (["list", "nowhere", "rules.fxr"], ["no such rule file or directory: 'nowhere'"]),
+])
+def test_cli_errors_exit_2_with_the_message_on_stderr(cli_files, argv, fragments):
+    code, out, err = run(*argv)
+    assert code == 2
+    assert err.startswith(f"fxrewrite {argv[0]}: error: ")
+    for fragment in fragments:
+        assert fragment in err
+    assert "Traceback" not in err
+
+
+def test_cli_export_failure_exits_2(cli_files):
+    code, _, err = run("apply", "models.py:Branchy", "--export")
+    assert code == 2 and "fxrewrite apply: error: torch.export.export failed on 'models.py:Branchy'" in err
+
+
+def test_cli_applies_rules_to_a_good_target(cli_files):
+    code, out, err = run("apply", "models.py:Fine", "--rules", "rules.fxr", "--check")
+    assert (code, err) == (0, "")
+    assert "double_neg" in out and "check: ok" in out
+
+
+@pytest.mark.parametrize("argv", [["list", "rules.fxr", "rules.fxr"],
+                                  ["apply", "models.py:Fine", "--rules", "rules.fxr", "--rules", "rules.fxr"]])
+def test_cli_given_the_same_rule_file_twice_loads_it_once(cli_files, argv):
+    (cli_files / "bad.fxr").unlink()
+    code, out, err = run(*argv)
+    assert (code, err) == (0, "")
+
+
+def test_cli_target_that_exits_while_imported_exits_2_with_a_message(cli_files):
+    write_source(cli_files / "script.py", "import sys\nsys.exit(0)\n")
+    try:
+        code, _, err = run("apply", "script.py:Net")
+    except SystemExit as exc:
+        pytest.fail(f"SystemExit({exc.code}) escaped fxrewrite.cli.main")
+    assert code == 2 and "cannot import 'script.py'" in err

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 import torch.fx as fx
+from _helpers import assert_consistent, assert_same_state, graph_state, neg_neg, traced_net
 
 from fxrewrite import RewriteError, Rule, rewrite
 
@@ -119,3 +122,26 @@ def test_bad_example_inputs_are_a_clear_error():
 def test_unknown_binding_name_lists_the_parameters():
     with pytest.raises(RewriteError, match=r"the pattern has no parameter 'y'; it has \['x'\]"):
         rewrite(f, relu_relu(where=lambda m: m["y"]))
+
+
+def _guard_needs_missing_metadata(k):
+    calls = itertools.count(1)
+
+    def guard(m):
+        return next(calls) < k or m["x"].shape[-1] == 4
+
+    return neg_neg(lambda x: x, where=guard), {}
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_guard_needing_missing_metadata_refuses_and_says_how_to_get_it(k):
+    """Not an error: the rule does not fire where its guard cannot be decided (issue 11.4)."""
+    model, gm = traced_net()
+    rule, _ = _guard_needs_missing_metadata(k)
+    before = graph_state(gm)
+    result = rewrite(gm, rule)
+    assert result.report.applied["neg_neg"] == k - 1
+    assert result.report.rejected["neg_neg"] == 2 - (k - 1)
+    assert "example_inputs=" in result.report.reasons["neg_neg"][0]
+    assert_same_state(before, graph_state(gm))
+    assert_consistent(result.module, model)

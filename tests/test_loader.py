@@ -3,15 +3,18 @@ and clear errors."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from _helpers import assert_consistent, traced_net, write_source
 
-from fxrewrite import RuleDefinitionError, RuleLoadError, RuleSet, RuleSyntaxError, rewrite
-from fxrewrite import loader
+import fxrewrite
+from fxrewrite import RuleDefinitionError, RuleLoadError, RuleSet, RuleSyntaxError, loader, rewrite
 from fxrewrite.loader import load_rules, parse_rules
 
 DATA = Path(__file__).parent / "dsl" / "data"
@@ -293,3 +296,146 @@ def test_import_file_lets_the_error_through_and_leaves_no_module(tmp_path, body,
     with pytest.raises(error):
         loader.import_file(bad, prefix="p_")
     assert set(sys.modules) - modules_before == set()
+
+
+# ---- bad rule files: what the error names, and what it leaves behind ------------------------------------
+
+
+def test_a_bad_file_among_good_ones_names_the_bad_file(tmp_path):
+    write_source(tmp_path / "a_good.fxr", "rule good:\n    torch.neg(torch.neg(x)) => x\n")
+    bad = write_source(tmp_path / "b_bad.fxr", "rule bad:\n    torch.neg(x) x\n")
+    write_source(tmp_path / "c_good.py", "import torch, fxrewrite\nr = fxrewrite.Rule.from_functions("
+                                         "lambda x: torch.abs(torch.abs(x)), lambda x: torch.abs(x), name='c')\n")
+    with pytest.raises(RuleSyntaxError) as info:
+        fxrewrite.load_rules(tmp_path)
+    assert info.value.filename == str(bad)
+
+
+def _import_state() -> tuple[list[str], set[str]]:
+    return list(sys.path), {name for name in sys.modules if name.startswith("fxrewrite_rules_")}
+
+
+@pytest.mark.parametrize("source, fragments, cause", [
+    ("import torch\nraise ValueError('boom')\n", ["failed to import: ValueError: boom"], ValueError),
+    ("def broken(:\n", ["failed to import: SyntaxError"], SyntaxError),
+    ("import not_a_module_anywhere_xyz\n", ["ModuleNotFoundError: No module named 'not_a_module_anywhere_xyz'"],
+     ModuleNotFoundError),
+    ("from fxrewrite import no_such_name\n", ["ImportError: cannot import name 'no_such_name'"], ImportError),
+    ("def f():\n    return f()\nf()\n", ["RecursionError"], RecursionError),
+    ("x = 1 / 0\n", ["ZeroDivisionError: division by zero"], ZeroDivisionError),
+])
+def test_python_rule_file_that_fails_to_import_is_a_load_error_and_leaves_no_trace(tmp_path, source, fragments,
+                                                                                    cause):
+    path = write_source(tmp_path / "bad_rules.py", source)
+    before = _import_state()
+    with pytest.raises(RuleLoadError) as info:
+        fxrewrite.load_rules(path)
+    message = str(info.value)
+    assert f"Python rule file '{path}' failed to import" in message and "Fix the file" in message
+    for fragment in fragments:
+        assert fragment in message
+    assert isinstance(info.value.__cause__, cause) and isinstance(info.value, ImportError)
+    assert _import_state() == before
+
+
+def test_invalid_rule_built_in_a_python_file_names_the_rule_and_its_line(tmp_path):
+    path = write_source(tmp_path / "ident.py", """
+        import torch, fxrewrite
+
+        identity = fxrewrite.Rule.from_functions(lambda x: x, lambda x: x, name="identity")
+    """)
+    with pytest.raises((RuleLoadError, RuleDefinitionError)) as info:
+        fxrewrite.load_rules(path)
+    message = str(info.value)
+    assert f"rule 'identity' ({path}:3)" in message and "returns its parameter 'x' unchanged" in message
+
+
+def test_python_rule_file_with_an_untraceable_function_pair_is_a_definition_error(tmp_path):
+    path = write_source(tmp_path / "pairs.py", """
+        import torch
+
+        def branchy_pattern(x):
+            return torch.relu(x) if x.sum() > 0 else x
+
+        def branchy_replacement(x):
+            return x
+    """)
+    with pytest.raises(RuleDefinitionError) as info:
+        fxrewrite.load_rules(path)
+    assert f"rule 'branchy' ({path}:3)" in str(info.value) and "cannot branch or loop" in str(info.value)
+
+
+@pytest.mark.parametrize("source", [
+    "import sys\nsys.exit(3)\n",
+    "import argparse\nargparse.ArgumentParser(prog='rules').parse_args(['--verbose'])\n",
+])
+def test_python_rule_file_that_exits_is_a_load_error_and_leaves_no_trace(tmp_path, source):
+    path = write_source(tmp_path / "script.py", source)
+    before = _import_state()
+    try:
+        with pytest.raises(RuleLoadError, match="failed to import: SystemExit"):
+            with contextlib.redirect_stderr(io.StringIO()):
+                fxrewrite.load_rules(path)
+    finally:
+        leaked = _import_state()
+        for name in leaked[1] - before[1]:
+            sys.modules.pop(name, None)
+    assert leaked == before
+
+
+def test_duplicate_rule_names_across_a_fxr_and_a_py_file_name_both_places(tmp_path):
+    fxr = write_source(tmp_path / "a.fxr", "rule twice:\n    torch.neg(torch.neg(x)) => x\n")
+    py = write_source(tmp_path / "b.py", """
+        import torch, fxrewrite
+
+        twice = fxrewrite.Rule.from_functions(lambda x: torch.abs(torch.abs(x)), lambda x: torch.abs(x), name="twice")
+    """)
+    with pytest.raises(RuleDefinitionError) as info:
+        fxrewrite.load_rules(tmp_path)
+    message = str(info.value)
+    assert "two rules are named 'twice'" in message and f"{fxr}:1" in message and f"{py}:3" in message
+    assert "rename one of them" in message
+
+
+# ---- paths ------------------------------------------------------------------------------------------------
+
+
+def test_missing_path_is_a_load_error_saying_what_to_pass(tmp_path):
+    with pytest.raises(RuleLoadError) as info:
+        fxrewrite.load_rules(tmp_path / "nope")
+    assert str(info.value) == (f"no such rule file or directory: '{tmp_path / 'nope'}'. Pass the path of a .fxr "
+                               f"or .py file or of a directory containing them.")
+
+
+def test_empty_directory_and_directory_of_skipped_files_are_load_errors(tmp_path):
+    with pytest.raises(RuleLoadError, match=r"no rule files \(\*.fxr, \*.py\) found under"):
+        fxrewrite.load_rules(tmp_path)
+    write_source(tmp_path / "_private.fxr", "rule a:\n    torch.neg(torch.neg(x)) => x\n")
+    write_source(tmp_path / ".hidden" / "b.fxr", "rule b:\n    torch.neg(torch.neg(x)) => x\n")
+    write_source(tmp_path / "__init__.py", "")
+    write_source(tmp_path / "notes.txt", "rule c:\n")
+    with pytest.raises(RuleLoadError, match="put rules in .fxr or .py files there"):
+        fxrewrite.load_rules(tmp_path)
+
+
+def test_symlink_loops_and_dangling_links_in_a_rules_directory_are_harmless(tmp_path):
+    write_source(tmp_path / "sub" / "a.fxr", "rule a:\n    torch.neg(torch.neg(x)) => x\n")
+    (tmp_path / "sub" / "up").symlink_to(tmp_path)
+    (tmp_path / "dangling.fxr").symlink_to(tmp_path / "nowhere.fxr")
+    assert fxrewrite.load_rules(tmp_path).names == ("a",)
+
+
+def test_a_file_of_another_kind_is_a_load_error(tmp_path):
+    path = write_source(tmp_path / "rules.yaml", "rules: []\n")
+    with pytest.raises(RuleLoadError, match=r"is not a rule file: rule files end in .fxr .* or .py"):
+        fxrewrite.load_rules(path)
+
+
+def test_an_empty_rule_file_gives_no_rules_and_rewrites_nothing(tmp_path):
+    path = write_source(tmp_path / "empty.fxr", "# nothing here yet\n")
+    rules = fxrewrite.load_rules(path)
+    assert len(rules) == 0
+    model, gm = traced_net()
+    result = rewrite(gm, rules)
+    assert result.report.rewrites == 0
+    assert_consistent(result.module, model)

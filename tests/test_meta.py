@@ -7,7 +7,9 @@ import pytest
 import torch
 import torch.fx as fx
 import torch.nn as nn
+from _helpers import X, assert_same_state, graph_state, neg_neg, traced_net
 
+from fxrewrite import rewrite
 from fxrewrite.errors import RewriteError
 from fxrewrite.meta import has_values, propagate_inputs, propagate_values
 
@@ -51,3 +53,23 @@ def test_nodes_whose_inputs_have_no_values_are_left_alone():
     relu = next(n for n in gm.graph.nodes if n.target is torch.relu)
     propagate_values(gm, [relu])
     assert "val" not in relu.meta
+
+
+# ---- example_inputs given to rewrite ------------------------------------------------------------------
+
+
+def test_example_inputs_that_do_not_fit_are_a_rewrite_error():
+    model, gm = traced_net()
+    before = graph_state(gm)
+    with pytest.raises(RewriteError, match="could not propagate shapes with the given example_inputs"):
+        rewrite(gm, neg_neg(lambda x: x), example_inputs=(torch.randn(3, 5),))
+    assert_same_state(before, graph_state(gm))
+
+
+@pytest.mark.filterwarnings("ignore::fxrewrite.RuleWarning")  # neg_neg(lambda x: None) ignores x
+def test_example_inputs_are_not_modified_by_a_failing_rewrite():
+    model, gm = traced_net()
+    x = X.clone()
+    with pytest.raises(RewriteError):
+        rewrite(gm, neg_neg(lambda x: None), example_inputs=(x,))
+    assert torch.equal(x, X)

@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 
 import fxrewrite
+from fxrewrite import Rule
 from fxrewrite.errors import RuleDefinitionError
 from fxrewrite.pattern import Accept, trace_pattern
 
@@ -70,3 +71,23 @@ def test_a_pattern_that_changes_global_state_leaves_no_trace():
     before = torch.get_default_dtype()
     traced(pattern)
     assert torch.get_default_dtype() == before
+
+
+@pytest.mark.parametrize("pattern, fragments", [
+    (lambda x: torch.relu(x) if x.sum() > 0 else x, ["control flow", "where= guard", "torch.fx.wrap"]),
+    (lambda x: torch.relu(x) if x.shape[0] > 2 else x, ["control flow", "where= guard"]),
+    (lambda x: sum(t for t in x), ["Proxy object cannot be iterated", "cannot branch or loop"]),
+    (lambda x: x.view(len(x), -1), ["'len' is not supported in symbolic tracing", "torch.fx.wrap"]),
+    (lambda x: x * int(x), ["TypeError: int() argument must be", "torch operations on its parameters only"]),
+    (lambda x: [x[i] for i in range(x.size(0))][0], ["'Proxy' object cannot be interpreted as an integer"]),
+    (lambda x: x + torch.ones(3), ["tensor constant", "Pass the value as a parameter instead"]),
+    (lambda x: torch.relu(x).add_(1), ["in-place method '.add_()'", "patterns must be pure"]),
+    (lambda x: x + torch.rand_like(x), ["has a side effect"]),
+])
+def test_untraceable_or_impure_pattern_is_a_definition_error_naming_rule_and_origin(pattern, fragments):
+    with pytest.raises(RuleDefinitionError) as info:
+        Rule.from_functions(pattern, lambda x: x, name="bad")
+    message = str(info.value)
+    assert message.startswith("rule 'bad' (") and "test_pattern.py:" in message
+    for fragment in fragments:
+        assert fragment in message

@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 import torch.fx as fx
+from _helpers import X, assert_consistent, assert_same_state, graph_state, memoizing_rule, reordering_rule, traced_net
 
 from fxrewrite import RewriteError, Rule, rewrite
 
@@ -189,7 +190,8 @@ def _spliced(result):
     for n in result.module.graph.nodes:
         val = n.meta.get("val")
         shape = (tuple(val.shape), val.dtype) if isinstance(val, torch.Tensor) else None
-        nodes.append((n.name, n.op, str(n.target), n.meta.get("stack_trace"), n.meta.get("fxrewrite_rule"), shape))
+        nodes.append((n.name, n.op, str(n.target), str(n.args), str(n.kwargs), n.type, sorted(n.meta), n.meta.get("stack_trace"),
+                      n.meta.get("fxrewrite_rule"), n.meta.get("nn_module_stack"), shape))
     return result.code, nodes
 
 
@@ -280,3 +282,65 @@ def test_a_template_recorded_where_two_variables_bound_one_value_is_not_replayed
     a = torch.randn(3, 3)
     for got, expected in zip(result.module(a), fn(a)):
         torch.testing.assert_close(got, expected)
+
+
+def test_a_replay_under_preserved_node_meta_records_the_ambient_meta_as_a_call_does(monkeypatch):
+    # Inductor and export run passes under fx.traceback.preserve_node_meta(): fx copies the ambient
+    # node meta (here a custom annotation) into every node it creates; a replay must do the same
+    import torch.fx.traceback as fx_traceback
+
+    import fxrewrite.replace as replace
+
+    rule = Rule.from_functions(lambda x: torch.neg(torch.neg(x)), lambda x: torch.relu(x) * 2, name="neg_neg_relu")
+
+    def fn(a):
+        return [torch.neg(torch.neg(a * k)) for k in range(4)]
+
+    results = {}
+    for replay in (True, False):
+        monkeypatch.setattr(replace, "REPLAY", replay)
+        with fx_traceback.preserve_node_meta(), fx_traceback.set_current_meta(_annotated_node()):
+            results[replay] = rewrite(fn, rule)
+    assert results[True].report.applied["neg_neg_relu"] == 4
+    assert _spliced(results[True]) == _spliced(results[False])
+    customs = [n.meta.get("custom") for n in results[True].module.graph.nodes if n.meta.get("fxrewrite_rule")]
+    assert customs == [{"pass": "mine"}] * 8
+    results[True].module.graph.lint()
+    a = torch.randn(4)
+    for got, expected in zip(results[True].module(a), fn(a)):
+        torch.testing.assert_close(got, torch.relu(expected) * 2)
+
+
+def _annotated_node():
+    graph = torch.fx.Graph()
+    node = graph.placeholder("ambient")
+    node.meta["custom"] = {"pass": "mine"}
+    return node
+
+
+# ---- replacements that return something other than a tensor ----------------------------------------------------
+
+
+@pytest.mark.parametrize("replacement", [lambda x: x.shape, lambda x: x.dim(), lambda x: x.size(0) * 1.0],
+                         ids=["shape", "dim", "size"])
+def test_replacement_returning_a_proxy_of_a_non_tensor_is_a_rewrite_error(replacement):
+    model, gm = traced_net()
+    with pytest.raises(RewriteError, match="but the pattern matched a tensor there"):
+        rewrite(gm, neg_neg(replacement), example_inputs=(X.clone(),))
+
+
+# ---- replacements that read values not live before them -----------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [memoizing_rule, reordering_rule], ids=["stale proxy", "reordered node"])
+@pytest.mark.parametrize("inplace", [False, True], ids=["copy", "inplace"])
+def test_replacement_reading_a_value_that_is_not_live_before_it_is_refused_and_rolled_back(make, inplace):
+    r = make()
+    if make is memoizing_rule:
+        rewrite(lambda a: torch.neg(torch.neg(a)), r)  # caches a Proxy of that graph
+    model, gm = traced_net()
+    before = graph_state(gm)
+    with pytest.raises(RewriteError, match=f"rule '{r.name}' .* which is not a live value of this graph before it"):
+        rewrite(gm, r, inplace=inplace)
+    assert_same_state(before, graph_state(gm))
+    assert_consistent(gm, model)

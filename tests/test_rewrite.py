@@ -4,16 +4,31 @@ from __future__ import annotations
 
 import copy
 import cProfile
+import itertools
 import math
 import operator
 import pstats
 import re
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
 import torch.fx as fx
+from _helpers import (
+    StatefulNet,
+    assert_consistent,
+    assert_same_state,
+    dangling_attribute_rule,
+    graph_state,
+    module_state,
+    neg_neg,
+    reordering_rule,
+    standard_rules,
+    traced_net,
+)
 
-from fxrewrite import DidNotConverge, NotEquivalent, Rule, RuleSet, rewrite
+from fxrewrite import DidNotConverge, FxRewriteError, NotEquivalent, RewriteError, Rule, RuleSet, rewrite
 
 
 def assert_rewritten(original, result, *inputs):
@@ -530,3 +545,295 @@ def test_a_bad_argument_is_an_argument_error_naming_it(name, value, fragment):
     with pytest.raises(ArgumentError, match=re.escape(fragment)) as info:
         rewrite(lambda a: torch.neg(torch.neg(a)), rule, **{name: value})
     assert isinstance(info.value, TypeError) and isinstance(info.value, ValueError)
+
+
+# ---- failing rewrites: the right error, and nothing lost ----------------------------------------------------
+#
+# Each scenario builds a rule set that fails at the k-th rewrite (k = 1 or 2) on StatefulNet, with the
+# error type and message fragments it must produce. After the error the caller's module (and any
+# GraphModule passed in) is exactly as it was; with inplace=True the module keeps the last consistent
+# graph and the error says so.
+
+
+def fails_at(k: int, fail: Callable[..., Any], ok: Callable[..., Any]) -> Callable[..., Any]:
+    """A replacement that behaves like ``ok`` except on its k-th call, where it does ``fail``."""
+    calls = itertools.count(1)
+
+    def replacement(x):
+        return fail(x) if next(calls) == k else ok(x)
+
+    return replacement
+
+
+def guard_failing_at(k: int, exc: Exception) -> Callable[..., bool]:
+    calls = itertools.count(1)
+
+    def guard(m):
+        if next(calls) == k:
+            raise exc
+        return True
+
+    return guard
+
+
+def _raise(exc: Exception) -> Any:
+    raise exc
+
+
+def _register_then_raise(x):
+    torch.nn.Linear(4, 4)(x)  # registers a submodule ...
+    torch.sigmoid(x) * torch.ones(4)  # ... records nodes and a new buffer ...
+    raise ValueError("changed my mind")
+
+Scenario = Callable[[int], tuple[Any, dict[str, Any]]]
+
+
+def _replacement_raises(k):
+    return neg_neg(fails_at(k, lambda x: _raise(ValueError("boom")), lambda x: x)), {}
+
+
+def _replacement_registers_module_then_raises(k):
+    return neg_neg(fails_at(k, _register_then_raise, lambda x: x)), {}
+
+
+def _replacement_returns_none(k):
+    return neg_neg(fails_at(k, lambda x: None, lambda x: x)), {}
+
+
+def _replacement_returns_a_float(k):
+    return neg_neg(fails_at(k, lambda x: 1.5, lambda x: x)), {}
+
+
+def _replacement_returns_a_tuple(k):
+    return neg_neg(fails_at(k, lambda x: (x, x), lambda x: x)), {}
+
+
+def _replacement_returns_too_few_values(k):
+    def pattern(x):
+        return torch.sin(x), torch.cos(x)
+
+    calls = itertools.count(1)
+
+    def replacement(x):
+        return torch.sin(x) if next(calls) == k else (torch.sin(x), torch.cos(x))
+
+    return Rule.from_functions(pattern, replacement, name="sincos"), {}
+
+
+def _guard_raises(k):
+    return neg_neg(lambda x: x, where=guard_failing_at(k, ZeroDivisionError("guard blew up"))), {}
+
+
+
+def _rules_never_converge(k):
+    to_sub = Rule.from_functions(lambda x, y: x + y, lambda x, y: x - torch.neg(y), name="add_to_sub")
+    to_add = Rule.from_functions(lambda x, y: x - torch.neg(y), lambda x, y: x + y, name="sub_to_add")
+    return [neg_neg(lambda x: x), to_sub, to_add], {"max_rewrites": (k - 1) * 9}
+
+
+SCENARIOS: dict[str, tuple[Scenario, type[BaseException], list[str]]] = {
+    "replacement raises": (_replacement_raises, RewriteError,
+                           ["rule 'neg_neg'", "_helpers.py:", "graph node", "ValueError: boom",
+                            "left as it was before this rewrite"]),
+    "replacement registers a module then raises": (_replacement_registers_module_then_raises, RewriteError,
+                                                   ["ValueError: changed my mind", "left as it was"]),
+    "replacement returns None": (_replacement_returns_none, RewriteError,
+                                 ["output 0 of the replacement is None (NoneType)",
+                                  "but the pattern matched a tensor there"]),
+    "replacement returns a float": (_replacement_returns_a_float, RewriteError,
+                                    ["output 0 of the replacement is 1.5 (float)"]),
+    "replacement returns a tuple for one output": (_replacement_returns_a_tuple, RewriteError,
+                                                   ["output 0 of the replacement is (Proxy(", "(tuple)"]),
+    "replacement returns too few values": (_replacement_returns_too_few_values, RewriteError,
+                                           ["rule 'sincos'",
+                                            "the pattern has 2 outputs but the replacement returned a single Proxy",
+                                            "return a tuple with one value per pattern output"]),
+    "guard raises": (_guard_raises, RewriteError,
+                     ["rule 'neg_neg'", "guard guard", "raised ZeroDivisionError: guard blew up", "at graph node",
+                      "Fix the guard; no rewrite was applied here"]),
+    "rules never converge": (_rules_never_converge, DidNotConverge,
+                             ["did not reach a fixed point within", "Rules that undo each other", "max_rewrites"]),
+}
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=str)
+def test_failing_rewrite_raises_its_error_with_a_useful_message(scenario):
+    make, error, fragments = SCENARIOS[scenario]
+    rules, kwargs = make(1)
+    model, gm = traced_net()
+    with pytest.raises(error) as info:
+        rewrite(gm, rules, **kwargs)
+    assert isinstance(info.value, FxRewriteError)
+    for fragment in fragments:
+        assert fragment in str(info.value), f"{fragment!r} not in {str(info.value)!r}"
+
+
+@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=str)
+def test_failing_rewrite_leaves_the_callers_graph_module_exactly_as_it_was(scenario, k):
+    make, error, _ = SCENARIOS[scenario]
+    rules, kwargs = make(k)
+    model, gm = traced_net()
+    before = graph_state(gm)
+    with pytest.raises(error):
+        rewrite(gm, rules, **kwargs)
+    assert_same_state(before, graph_state(gm))
+    assert_same_state(module_state(StatefulNet().eval()), module_state(model))
+
+
+@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=str)
+def test_failing_rewrite_leaves_the_callers_nn_module_exactly_as_it_was(scenario, k):
+    make, error, _ = SCENARIOS[scenario]
+    rules, kwargs = make(k)
+    model = StatefulNet().eval()
+    before = module_state(model)
+    forward = type(model).forward
+    with pytest.raises(error):
+        rewrite(model, rules, **kwargs)
+    assert_same_state(before, module_state(model))
+    assert type(model).forward is forward and not isinstance(model, fx.GraphModule)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=str)
+def test_failing_first_inplace_rewrite_leaves_the_graph_module_exactly_as_it_was(scenario):
+    make, error, _ = SCENARIOS[scenario]
+    rules, kwargs = make(1)
+    model, gm = traced_net()
+    before = graph_state(gm)
+    with pytest.raises(error) as info:
+        rewrite(gm, rules, inplace=True, **kwargs)
+    assert_same_state(before, graph_state(gm))
+    assert_consistent(gm, model)
+    assert not any("keeps" in note for note in getattr(info.value, "__notes__", []))
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=str)
+def test_failing_later_inplace_rewrite_keeps_the_last_consistent_graph_and_says_so(scenario):
+    make, error, _ = SCENARIOS[scenario]
+    rules, kwargs = make(2)
+    model, gm = traced_net()
+    with pytest.raises(error) as info:
+        rewrite(gm, rules, inplace=True, **kwargs)
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "inplace=True: the module keeps the" in notes and "rewrite(s) applied before this error" in notes
+    assert_consistent(gm, model)
+    assert gm.code != fx.symbolic_trace(model).code  # the first rewrite is kept
+    assert_same_state(module_state(StatefulNet().eval()), module_state(model))
+
+
+# ---- successful rewrites lose nothing either --------------------------------------------------------------
+
+
+class ConvReadTwice(torch.nn.Module):
+    """A conv both called and read (``self.conv.weight``): after folding, its call is gone but
+    the get_attr keeps the (caller's) conv module in the rewritten copy."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            self.conv = torch.nn.Conv2d(4, 4, 1)
+            self.bn = torch.nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return self.bn(self.conv(x)) + self.conv.weight.sum()
+
+
+def _inline_conv() -> Rule:
+    def pattern(x, conv: torch.nn.Conv2d):
+        return conv(x)
+
+    def replacement(x, conv: torch.nn.Conv2d):
+        return torch.nn.functional.conv2d(x, conv.weight.detach().clone(), conv.bias.detach().clone())
+
+    return Rule.from_functions(pattern, replacement, name="inline_conv")
+
+
+@pytest.mark.parametrize("kind", ["nn.Module", "GraphModule"])
+def test_successful_rewrite_leaves_the_callers_module_exactly_as_it_was(kind):
+    model = StatefulNet().eval()
+    before = module_state(model)
+    target = model if kind == "nn.Module" else fx.symbolic_trace(model)
+    result = rewrite(target, standard_rules())
+    assert result.report.rewrites >= 2  # double_neg twice (linear_bn_fold needs shapes since its guard is strict)
+    assert_same_state(before, module_state(model))
+    assert_consistent(result.module, model)
+
+
+@pytest.mark.parametrize("rules", [standard_rules, _inline_conv], ids=["conv_bn_fold", "inline_conv"])
+@pytest.mark.parametrize("kind", ["nn.Module", "GraphModule"])
+def test_successful_rewrite_keeps_the_parameters_of_a_submodule_it_still_reads(kind, rules):
+    model = ConvReadTwice().eval()
+    x = torch.randn(1, 4, 3, 3, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = model(x)
+    parameters = [name for name, _ in model.named_parameters()]
+    result = rewrite(model if kind == "nn.Module" else fx.symbolic_trace(model), rules())
+    assert result.report.rewrites == 1
+    assert [name for name, _ in model.named_parameters()] == parameters
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), expected)
+
+
+def test_a_rule_that_keeps_growing_the_graph_is_stopped_by_the_budget_naming_it():
+    grow = Rule.from_functions(lambda x: torch.relu(x), lambda x: torch.relu(torch.relu(x)), name="grow")
+    model, gm = traced_net()
+    with pytest.raises(DidNotConverge) as info:
+        rewrite(gm, grow)
+    message = str(info.value)
+    assert "'grow' (64x)" in message and "test_rewrite.py:" in message
+    assert f"within {8 * len(gm.graph.nodes) + 64} rewrites" in message
+    assert isinstance(info.value, RewriteError) and isinstance(info.value, RuntimeError)
+
+
+# ---- debug mode ---------------------------------------------------------------------------------------------
+#
+# The rules that break a graph are in tests/_helpers.py (memoizing_rule, reordering_rule,
+# dangling_attribute_rule).
+
+
+def test_debug_mode_names_the_rule_after_which_lint_failed():
+    model, gm = traced_net()
+    before = graph_state(gm)
+    with pytest.raises(RewriteError) as info:
+        rewrite(gm, dangling_attribute_rule(), debug=True)
+    message = str(info.value)
+    assert message.startswith("debug check: the graph fails lint after rule 'dangling' (")
+    assert "_helpers.py:" in message and "no_such_attribute" in message
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert_same_state(before, graph_state(gm))
+
+
+
+def test_debug_mode_is_switched_on_by_the_environment(monkeypatch):
+    monkeypatch.setenv("FXREWRITE_DEBUG", "1")
+    model, gm = traced_net()
+    with pytest.raises(RewriteError, match="debug check: the graph fails lint after rule 'dangling'"):
+        rewrite(gm, dangling_attribute_rule())
+    monkeypatch.setenv("FXREWRITE_DEBUG", "0")
+    with pytest.raises(Exception) as info:
+        rewrite(gm, dangling_attribute_rule())
+    assert "debug check" not in str(info.value)
+
+
+def test_debug_mode_checks_every_rewrite_of_a_clean_run():
+    model, gm = traced_net()
+    result = rewrite(gm, standard_rules(), debug=True)
+    assert result.report.applied["double_neg"] == 2
+    assert_consistent(result.module, model)
+
+
+def test_graph_broken_by_a_rule_is_an_fxrewrite_error_even_without_debug_mode():
+    r = dangling_attribute_rule()
+    model, gm = traced_net()
+    with pytest.raises(RewriteError, match=f"(?s)rewritten graph is invalid .*debug=True.*Rules applied: {r.name} "):
+        rewrite(gm, r, debug=False)
+
+
+@pytest.mark.parametrize("debug", [True, False], ids=["debug", "no debug"])
+def test_inplace_rewrite_that_breaks_the_graph_leaves_the_last_consistent_graph(debug):
+    model, gm = traced_net()
+    with pytest.raises(FxRewriteError):
+        rewrite(gm, reordering_rule(), inplace=True, debug=debug)
+    assert_consistent(gm, model)

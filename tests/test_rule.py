@@ -6,9 +6,11 @@ import re
 
 import pytest
 import torch
+from _helpers import assert_consistent, traced_net
+from _helpers import neg_neg as neg_neg_rule
 
 import fxrewrite
-from fxrewrite import Rule, RuleDefinitionError, RuleSet
+from fxrewrite import Rule, RuleDefinitionError, RuleSet, RuleWarning, rewrite
 
 
 def neg_neg(x):
@@ -240,3 +242,54 @@ def test_impure_patterns_are_refused(pattern, problem):
     with pytest.raises(RuleDefinitionError, match="patterns must be pure computations") as info:
         Rule.from_functions(pattern, lambda **kw: None)
     assert problem in str(info.value)
+
+
+# ---- bad rule definitions: replacements, rule sets ----------------------------------------------------------
+
+
+def test_duplicate_rule_names_in_a_rule_set_name_both_places():
+    first = neg_neg_rule(lambda x: x, name="same")
+    second = Rule.from_functions(lambda x: torch.abs(torch.abs(x)), lambda x: torch.abs(x), name="same")
+    with pytest.raises(RuleDefinitionError, match="two rules are named 'same': one at .*_helpers.py:\\d+, "
+                                                  "one at .*test_rule.py:\\d+; rename one of them"):
+        fxrewrite.RuleSet([first, second])
+    with pytest.raises(RuleDefinitionError, match="two rules are named 'same'"):
+        rewrite(lambda a: a, [first, second])
+
+
+@pytest.mark.parametrize("replacement, fragment", [
+    (lambda y: y, "replacement parameter 'y' is not a pattern parameter (the pattern has x)"),
+    (lambda: None, "the replacement does not accept the pattern parameter(s) x"),
+    (lambda *xs: xs[0], "replacement parameter 'xs' cannot be passed by name"),
+    (lambda x, y: x, "replacement parameter 'y' is not a pattern parameter"),
+    (pow, "replacement parameter 'base' is not a pattern parameter"),
+    (42, "pattern and replacement must be functions"),
+])
+def test_replacement_with_the_wrong_signature_is_refused_when_the_rule_is_built(replacement, fragment):
+    with pytest.raises(RuleDefinitionError) as info:
+        neg_neg_rule(replacement)
+    assert str(info.value).startswith("rule 'neg_neg' (") and fragment in str(info.value)
+
+
+def test_replacement_with_extra_parameters_that_have_defaults_is_accepted():
+    r = neg_neg_rule(lambda x, scale=1.0: x * scale)
+    model, gm = traced_net()
+    assert_consistent(rewrite(gm, r).module, model)
+
+
+def test_replacement_ignoring_a_bound_tensor_is_a_rule_warning():
+    with pytest.warns(RuleWarning, match=r"the replacement ignores 'y', which the pattern binds to a tensor"):
+        Rule.from_functions(lambda x, y: x * y, lambda x, y: x, name="drop_y")
+
+
+def test_pattern_without_replacement_and_non_rules_are_refused():
+    @fxrewrite.rule
+    def half(x):
+        return torch.neg(torch.neg(x))
+
+    with pytest.raises(RuleDefinitionError, match=r"awaiting its replacement: decorate the replacement function with @half.replacement"):
+        rewrite(lambda a: a, half)
+    with pytest.raises(RuleDefinitionError, match="RuleSet takes Rule objects, got 'neg_neg' \\(str\\)"):
+        rewrite(lambda a: a, ["neg_neg"])
+    with pytest.raises(RuleDefinitionError, match="expected a Rule, a RuleSet or an iterable of rules, got 3"):
+        rewrite(lambda a: a, 3)

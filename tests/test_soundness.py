@@ -1,21 +1,25 @@
 """No silent wrong result (issue 11): typed captures and hooks, subclasses that change meaning,
 writes through aliases, outputs that would become inputs, rewrites from other threads, example
 inputs that would touch real buffers, constants no op takes, and rules that reproduce their own
-pattern. Each test checks the numbers and lints the graph.
+pattern; in-place ops and side effects next to a match. Each test checks the numbers and lints the
+graph.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from _helpers import standard_rules
 
 import fxrewrite
-from fxrewrite import Rule, RewriteError, explain, load_rules, rewrite
+from fxrewrite import FxRewriteError, RewriteError, Rule, explain, load_rules, rewrite
 
 FUSION = load_rules()
 
@@ -395,3 +399,135 @@ def test_folding_a_weight_normalised_convolution_is_skipped_and_the_rest_is_fold
     result = rewrite(model, fold_conv_bn())
     assert result.report.applied["conv_bn_fold"] == 1
     assert_equivalent(result, model, X)
+
+
+# ---- graphs with in-place ops and side effects ----------------------------------------------------------------
+#
+# Patterns are pure (refused otherwise, see tests/test_pattern.py), so an in-place op is never *inside* a match:
+# it can only sit next to one. Where the engine is sound, the tests say so; where a rewrite moves
+# a read of a tensor across a write to it, or makes two values alias, the test is an xfail and
+# the bug is in the report.
+
+def assert_sound(fn: Callable[..., Any], rules: Any, *shapes: tuple[int, ...]) -> fxrewrite.RewriteResult:
+    """Rewrite ``fn`` and check that the result computes the same outputs *and* leaves its inputs
+    in the same state (in-place ops mutate them)."""
+    result = rewrite(fn, rules)
+    result.module.graph.lint()
+    generator = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(*s, generator=generator) for s in shapes]
+    before_inputs, after_inputs = [t.clone() for t in inputs], [t.clone() for t in inputs]
+    expected = fn(*before_inputs)
+    actual = result.module(*after_inputs)
+    torch.testing.assert_close(actual, expected, msg=lambda m: f"outputs differ:\n{result.code}\n{m}")
+    for b, a in zip(before_inputs, after_inputs):
+        torch.testing.assert_close(a, b, msg=lambda m: f"inputs mutated differently:\n{result.code}\n{m}")
+    return result
+
+
+def _functional_relu_inplace_inside(x):
+    return torch.relu(torch.nn.functional.relu(x, inplace=True))
+
+
+def _method_relu_inplace_inside(x):
+    return torch.relu(x.relu_())
+
+
+def _torch_relu_inplace_inside(x):
+    return torch.relu(torch.relu_(x))
+
+
+def _add_inplace_inside(x):
+    return torch.neg(torch.neg(x).add_(1))
+
+
+@pytest.mark.parametrize("fn", [_functional_relu_inplace_inside, _method_relu_inplace_inside,
+                                _torch_relu_inplace_inside, _add_inplace_inside], ids=lambda f: f.__name__[1:])
+def test_in_place_op_inside_a_would_be_match_is_not_matched(fn):
+    result = assert_sound(fn, standard_rules(), (5,))
+    assert result.report.rewrites == 0
+
+
+def test_matched_inner_value_mutated_outside_the_match_blocks_the_rewrite():
+    def fn(x):
+        y = torch.relu(x)
+        y.add_(1)
+        return torch.relu(y)
+
+    result = assert_sound(fn, standard_rules(), (5,))
+    assert result.report.rewrites == 0
+
+
+def test_input_mutated_before_the_match_is_read_once_after_the_mutation():
+    def fn(x):
+        x = x * 1.0
+        x.mul_(-2)
+        return torch.neg(torch.neg(x)) + x
+
+    # sound, but fxrewrite does not rewrite values that are written in place anywhere (conservative)
+    assert assert_sound(fn, standard_rules(), (5,)).report.applied["double_neg"] == 0
+
+
+def test_single_op_rewrite_followed_by_a_mutation_of_its_input_is_sound():
+    def fn(x):
+        y = torch.clamp(x, min=0)  # relu_from_clamp: the replacement reads x where the pattern did
+        x.add_(-5)
+        return y + x
+
+    # sound, but fxrewrite does not rewrite values that are written in place anywhere (conservative)
+    assert assert_sound(fn, standard_rules(), (5,)).report.applied["relu_from_clamp"] == 0
+
+
+def test_side_effect_nodes_next_to_a_match_are_kept():
+    def fn(x):
+        y = torch.neg(torch.neg(x))
+        torch._assert(x.sum() > -1e9, "never fires")
+        return y
+
+    result = assert_sound(fn, standard_rules(), (5,))
+    assert result.report.applied["double_neg"] == 1
+    assert any(n.target is torch._assert for n in result.module.graph.nodes)
+
+
+def _mutated_between_the_matched_reads(x):
+    t = torch.relu(x)
+    x.add_(-5)  # relu_relu's replacement relu(x) is inserted after this write
+    return torch.relu(t)
+
+
+def _mutated_between_neg_and_neg(x):
+    t = torch.neg(x)
+    x.mul_(2)
+    return torch.neg(t)
+
+
+def _input_mutated_after_a_rewrite_to_the_input_itself(x):
+    y = torch.neg(torch.neg(x))  # double_neg makes y the same tensor as x
+    x.add_(1)
+    return y + x
+
+
+def _output_mutated_after_a_rewrite_to_the_input_itself(x):
+    x = x * 1.5
+    y = torch.neg(torch.neg(x))  # y becomes x ...
+    y.add_(1)  # ... so this now writes into x
+    return x
+
+
+def _mutated_through_a_view_after_the_match(x):
+    y = torch.neg(torch.neg(x))
+    x.t().add_(1)
+    return y
+
+
+@pytest.mark.parametrize("fn", [_mutated_between_the_matched_reads, _mutated_between_neg_and_neg,
+                                _input_mutated_after_a_rewrite_to_the_input_itself,
+                                _output_mutated_after_a_rewrite_to_the_input_itself,
+                                _mutated_through_a_view_after_the_match], ids=lambda f: f.__name__[1:])
+def test_rewrite_next_to_an_in_place_write_is_sound(fn):
+    assert_sound(fn, standard_rules(), (3, 3))
+
+
+def test_replacement_that_mutates_a_bound_input_is_refused():
+    r = Rule.from_functions(lambda x: torch.clamp(x, min=0), lambda x: x.relu_(), name="clamp_to_relu_")
+    with contextlib.suppress(FxRewriteError):  # refusing the rule (or the match) is fine; unsound is not
+        assert_sound(lambda a: torch.clamp(a, min=0) + a, r, (5,))

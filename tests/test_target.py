@@ -9,8 +9,9 @@ import warnings
 import pytest
 import torch
 import torch.fx as fx
+from _helpers import StatefulNet, assert_same_state, module_state, neg_neg
 
-from fxrewrite import Rule, TargetError, rewrite
+from fxrewrite import RewriteError, Rule, TargetError, rewrite
 from fxrewrite.target import load_target, to_graph_module, traced_or_exported
 
 NEG_NEG = Rule.from_functions(lambda x: torch.neg(torch.neg(x)), lambda x: x, name="neg_neg")
@@ -145,3 +146,44 @@ def test_check_inputs_works_on_every_kind_of_target(make):
     result = rewrite(make(net, x), NEG_NEG, check_inputs=x)
     assert result.report.applied["neg_neg"] == 1
     checked(result, net, x)
+
+
+# ---- what cannot be rewritten -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target, fragment", [
+    (42, "cannot rewrite 42 (int): pass an nn.Module, a torch.fx.GraphModule or a function of tensors"),
+    ("model.py:Net", "cannot rewrite 'model.py:Net' (str)"),
+    (None, "cannot rewrite None (NoneType)"),
+])
+def test_target_that_is_not_a_module_is_a_rewrite_error(target, fragment):
+    with pytest.raises(RewriteError) as info:
+        rewrite(target, neg_neg(lambda x: x))
+    assert fragment in str(info.value)
+
+
+class Branchy(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x) if x.sum() > 0 else -x
+
+
+def test_untraceable_target_is_a_rewrite_error_and_the_module_is_untouched():
+    model = Branchy()
+    before = module_state(model)
+    with pytest.raises(RewriteError) as info:
+        rewrite(model, neg_neg(lambda x: x))
+    assert "symbolic_trace could not trace Branchy" in str(info.value) and "concrete_args or torch.export" in str(
+        info.value)
+    assert_same_state(before, module_state(model))
+
+
+def test_inplace_needs_a_graph_module_and_leaves_the_module_alone():
+    model = StatefulNet().eval()
+    before = module_state(model)
+    with pytest.raises(RewriteError, match="inplace=True needs a torch.fx.GraphModule, got StatefulNet"):
+        rewrite(model, neg_neg(lambda x: x), inplace=True)
+    assert_same_state(before, module_state(model))

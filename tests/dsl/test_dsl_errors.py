@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _helpers import assert_same_state, graph_state, traced_net, write_source
 
-from fxrewrite import RuleDefinitionError
+import fxrewrite
+from fxrewrite import RewriteError, RuleDefinitionError, rewrite
 from fxrewrite.dsl import parse_rules
 
 
@@ -125,3 +127,38 @@ def test_names_must_be_a_mapping():
 def test_text_must_be_a_string():
     with pytest.raises(RuleDefinitionError, match="takes the text of a rule file"):
         parse_rules(b"rule a:\n")
+
+
+# ---- unknown names in a rule file on disk --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, position, fragments", [
+    ("rule a:\n    torch.relu(x) => F.rleu(x)\n", "2:24", ["'F.rleu' does not exist", "did you mean 'relu'"]),
+    ("rule a:\n    torch.relu(x) => numpy.abs(x)\n", "2:22", ["the replacement uses 'numpy', which the pattern "
+                                                             "does not bind"]),
+    ("rule a:\n    Relu(x) => x\n", "2:5", ["unknown function 'Relu'", "names="]),
+    ("rule a:\n    torch.relu(x) => x\n    where isfinite(x)\n", "3:11", ["unknown function 'isfinite'",
+                                                                         "a called name must be in scope"]),
+    ("rule a:\n    torch.relu(x) => x\n    where x.dtype == torch.float33\n", "3:28",
+     ["'torch.float33' does not exist", "did you mean 'float32'"]),
+    ("rule a:\n    torch.relu(x) => x\n    where x: Tensor\n", "3:14", ["unknown type 'Tensor' for 'x'"]),
+])
+def test_unknown_names_in_a_rule_file_are_definition_errors_at_load_time(tmp_path, text, position, fragments):
+    path = write_source(tmp_path / "names.fxr", text)
+    with pytest.raises(RuleDefinitionError) as info:
+        fxrewrite.load_rules(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}:{position}: ")
+    for fragment in fragments:
+        assert fragment in message
+
+
+def test_unknown_op_reached_only_at_rewrite_time_is_a_rewrite_error_naming_the_rule_file(tmp_path):
+    path = write_source(tmp_path / "late.fxr", "rule late:\n    torch.neg(torch.neg(x)) => torch.ops.nowhere_lib.f(x)\n")
+    rules = fxrewrite.load_rules(path)
+    model, gm = traced_net()
+    before = graph_state(gm)
+    with pytest.raises(RewriteError) as info:
+        rewrite(gm, rules)
+    assert f"{path}:2:" in str(info.value) and "'torch.ops.nowhere_lib.f' does not exist" in str(info.value)
+    assert_same_state(before, graph_state(gm))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 import pytest
 
+import fxrewrite
 from fxrewrite.dsl import ast
 from fxrewrite.dsl.parse import MAX_DEPTH, parse
 from fxrewrite.errors import FxRewriteError, RuleSyntaxError
@@ -277,3 +278,62 @@ def test_redundant_parentheses_do_not_count_as_nesting():
 def test_caret_is_placed_under_tabs_as_tabs():
     error = syntax_error("rule a:\n\ttorch.relu(x)\tx\n")
     assert error.msg.endswith("    torch.relu(x)\tx\n                 \t^")
+
+
+# ---- malformed .fxr files, loaded from disk -------------------------------------------------------------
+#
+# The tests above cover headers, arrows, brackets, strings, escapes, keywords, numbers and nesting
+# depth; tests/dsl/test_dsl_errors.py and test_dsl_trust.py cover names, variables, captures, let
+# lines and the allow-list. These are the syntax categories they leave out, loaded from files
+# through load_rules (so the message names the file).
+
+MALFORMED = [
+    ("rule a:\n", (1, 8), "expected the rule body on the next line, indented"),
+    ("rule a:", (1, 8), "found the end of the file"),
+    ("rule", (1, 5), "expected a name, found the end of the file"),
+    ("rule :\n    torch.relu(x) => x\n", (1, 6), "expected a name, found ':'"),
+    ("rule a:\n    torch.relu(x)) => x\n", (2, 18), "expected '=>' followed by the replacement, found ')'"),
+    ("rule a:\n    where x: int\n    torch.relu(x) => x\n", (2, 11), "expected an operator, '=>' or an indented line"),
+    ("rule a:\n    torch.relu(x) => x => x\n", (2, 24), "found '=>'"),
+    ("rule a:\n    x = torch.relu(y)\n", (2, 7), "found '=', which assigns nothing here"),
+    ("rule a:\n    torch.relu(x) => (lambda y: y)(x)\n", (2, 30), "found the name 'y'"),
+    ("rule a:\n    (y := torch.relu(x)) => x\n", (2, 8), "found ':'"),
+    ("rule a:\n    torch.relu(\u00e9) => \u00e9\n", (2, 16), "unexpected character '\u00e9'"),
+    ('rule a """doc""":\n    torch.relu(x) => x\n', (1, 10), "expected ':' to end the rule header"),
+    ("rule a:\n    torch.relu(x) \\\n => x\n", (2, 19), "unexpected character '\\\\'"),
+    ("rule a:\n    torch.relu(x) => x; import os\n", (2, 23), "unexpected character ';'"),
+    ("@rule\nrule a:\n    torch.relu(x) => x\n", (1, 1), "expected a 'rule' or 'use' line starting at column 0"),
+    ("import os\n", (1, 1), "expected a 'rule' or 'use' line starting at column 0, found the name 'import'"),
+    ("def a(x):\n    return x\n", (1, 1), "found the name 'def'"),
+    ("rule a:\n    torch.cat(*x) => x\n", (2, 15), "found '*'"),
+    ("rule a:\n    torch.relu(x) => {x: 1}\n", (2, 22), "unexpected character '{'"),
+    ("rule a:\n    torch.relu(x) => f'{x}'\n", (2, 23), "found ''{x}''"),
+    ("rule a:\n    torch.cat([y for y in x]) => x\n", (2, 18), "found the name 'for'"),
+    ("rule a:\n    torch.neg(x\x00) => x\n", (2, 16), "unexpected character '\\x00'"),
+]
+
+
+@pytest.mark.parametrize("text, position, fragment", MALFORMED)
+def test_malformed_rule_file_is_a_syntax_error_pointing_at_the_file(tmp_path, text, position, fragment):
+    path = tmp_path / "bad.fxr"
+    path.write_bytes(text.encode("utf-8"))
+    with pytest.raises(RuleSyntaxError) as info:
+        fxrewrite.load_rules(tmp_path)
+    error = info.value
+    assert isinstance(error, SyntaxError) and isinstance(error, FxRewriteError)
+    assert (error.filename, error.lineno, error.offset) == (str(path), *position)
+    assert str(error).startswith(f"{path}:{position[0]}:{position[1]}: ")
+    assert fragment in str(error)
+    assert str(error).splitlines()[-1].strip() == "^"
+
+
+@pytest.mark.parametrize("newline", ["\r\n", "\r"], ids=["crlf", "cr"])
+def test_rule_files_with_windows_or_classic_mac_line_endings_load(tmp_path, newline):
+    text = "# comment\nrule a:\n    torch.neg(torch.neg(x)) => x\n".replace("\n", newline)
+    (tmp_path / "eol.fxr").write_bytes(text.encode())
+    assert fxrewrite.load_rules(tmp_path).names == ("a",)
+
+
+def test_rule_file_saved_with_a_byte_order_mark_loads(tmp_path):
+    (tmp_path / "bom.fxr").write_bytes("\ufeffrule a:\n    torch.neg(torch.neg(x)) => x\n".encode("utf-8"))
+    assert fxrewrite.load_rules(tmp_path).names == ("a",)

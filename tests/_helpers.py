@@ -1,0 +1,192 @@
+"""Helpers shared by the test modules (imported as ``from _helpers import ...``).
+
+The leading underscore keeps fxrewrite's pytest plugin from ever collecting this file as a rule
+module (it imports fxrewrite at module level), as the loader skips ``_``-prefixed files.
+
+* :func:`assert_rewrite_sound`: the check every test that rewrites and runs the result makes
+  (the graph lints, the numbers match the original's);
+* a model with state (:class:`StatefulNet`) and snapshots of everything a rewrite must leave
+  alone (:func:`module_state`, :func:`graph_state`, :func:`assert_same_state`);
+* small rule builders (:func:`neg_neg`, and rules that break the graph behind the splice's back)
+  and the standard library, loaded once (:func:`standard_rules`).
+"""
+
+from __future__ import annotations
+
+import functools
+import textwrap
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+import fxrewrite
+from fxrewrite import Rule
+
+# ---- the lint + numbers check ------------------------------------------------------------------------
+
+
+def _cloned(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(v.clone() if isinstance(v, torch.Tensor) else v for v in values)
+
+
+def assert_rewrite_sound(original: Callable[..., Any], result: fxrewrite.RewriteResult, *inputs: Any,
+                         **tolerance: Any) -> fxrewrite.RewriteResult:
+    """The rewritten module's graph lints and the module computes what ``original`` computes on
+    ``inputs`` (``torch.testing.assert_close``; ``tolerance`` is passed on: ``rtol``, ``atol``,
+    ``equal_nan``). Each side gets its own copy of the tensor inputs, so an in-place op on one
+    side cannot change what the other side sees. Returns ``result``."""
+    result.module.graph.lint()
+    with torch.no_grad():
+        actual = result.module(*_cloned(inputs))
+        expected = original(*_cloned(inputs))
+    torch.testing.assert_close(actual, expected, **tolerance)
+    return result
+
+
+# ---- files -------------------------------------------------------------------------------------------
+
+
+def write_source(path: Path, text: str) -> Path:
+    """Write ``text`` dedented and without its leading newlines (so line 1 is the first line
+    written in the test), creating the directories on the way."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
+    return path
+
+
+# ---- rules -------------------------------------------------------------------------------------------
+
+
+def neg_neg(replacement: Callable[..., Any], *, name: str = "neg_neg", **kw: Any) -> Rule:
+    """The rule ``neg(neg(x)) => replacement(x)``; its origin is this file."""
+    return Rule.from_functions(lambda x: torch.neg(torch.neg(x)), replacement, name=name, **kw)
+
+
+@functools.cache
+def standard_rules() -> fxrewrite.RuleSet:
+    """The standard rule library, loaded once."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fxrewrite.load_rules()
+
+
+# A realistic way to break a graph from a rule: a replacement that caches a Proxy across calls
+# (memoizing "the scale tensor" it built the first time). Used on a second graph, the cached
+# Proxy belongs to the first graph, and the new node's argument is a node of another graph. Only
+# lint notices. A contrived way: reorder nodes through ``proxy.node``.
+
+
+def memoizing_rule() -> Rule:
+    cache: dict[str, Any] = {}
+
+    def replacement(x):
+        if "scale" not in cache:
+            cache["scale"] = torch.ones_like(x) * 2
+        return x * cache["scale"] / 2
+
+    return neg_neg(replacement, name="memoizing")
+
+
+def reordering_rule() -> Rule:
+    def replacement(x):
+        y = torch.relu(x)
+        x.node.prepend(y.node)  # moves the new node before its own input
+        return y
+
+    return neg_neg(replacement, name="reordering")
+
+
+def dangling_attribute_rule() -> Rule:
+    """Breaks the graph behind the tracer's back: a get_attr node of an attribute that does not
+    exist, made with the Graph API (so the splice's own checks of what it recorded cannot see it);
+    only lint notices."""
+    def replacement(x):
+        bad = x.node.graph.get_attr("no_such_attribute")
+        return x + fx.Proxy(bad, x.tracer)
+
+    return neg_neg(replacement, name="dangling")
+
+
+# ---- a model with state, and what a rewrite must leave alone ------------------------------------------
+
+
+class StatefulNet(torch.nn.Module):
+    """Parameters, buffers, nested submodules and two neg(neg(.)) pairs (so a rule can fail at
+    its first or at its second application)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        with torch.random.fork_rng():  # the same weights every time, without touching the global RNG
+            torch.manual_seed(0)
+            self.lin = torch.nn.Linear(4, 4)
+            self.block = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+            with torch.no_grad():
+                self.block[1].running_mean.uniform_(-1, 1)
+                self.block[1].running_var.uniform_(0.5, 2)
+        self.register_buffer("scale", torch.tensor(2.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = torch.neg(torch.neg(self.lin(x)))
+        b = torch.neg(torch.neg(self.block(a) * self.scale))
+        return torch.relu(a + b) + torch.sin(b) * torch.cos(b) + torch.sin(a) * torch.cos(a)
+
+
+#: The input :class:`StatefulNet` is run on.
+X = torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
+
+
+def traced_net() -> tuple[StatefulNet, fx.GraphModule]:
+    model = StatefulNet().eval()
+    return model, fx.symbolic_trace(model)
+
+
+def module_state(model: torch.nn.Module) -> dict[str, Any]:
+    """Everything a failing rewrite must leave alone in an nn.Module."""
+    with torch.no_grad():
+        output = model(X.clone())
+    return {
+        "parameters": {k: (v.detach().clone(), v.requires_grad) for k, v in model.named_parameters()},
+        "buffers": {k: v.detach().clone() for k, v in model.named_buffers()},
+        "modules": [(name, type(m).__name__, m.training) for name, m in model.named_modules()],
+        "attributes": sorted(vars(model)),
+        "output": output,
+    }
+
+
+def graph_state(gm: fx.GraphModule) -> dict[str, Any]:
+    """``module_state`` plus the code and the node list of a GraphModule."""
+    return {
+        **module_state(gm),
+        "code": gm.code,
+        "nodes": [(n.name, n.op, str(n.target), n.format_node()) for n in gm.graph.nodes],
+    }
+
+
+def assert_same_state(before: dict[str, Any], after: dict[str, Any]) -> None:
+    assert before.keys() == after.keys()
+    for key in before:
+        if key in ("parameters", "buffers"):
+            assert before[key].keys() == after[key].keys(), key
+            for name in before[key]:
+                b, a = before[key][name], after[key][name]
+                if isinstance(b, tuple):
+                    assert b[1] == a[1], name
+                    b, a = b[0], a[0]
+                assert torch.equal(b, a), f"{key} {name} changed"
+        elif key == "output":
+            torch.testing.assert_close(after[key], before[key], rtol=0, atol=0)
+        else:
+            assert before[key] == after[key], key
+
+
+def assert_consistent(gm: fx.GraphModule, reference: torch.nn.Module) -> None:
+    """The module's graph lints, its code is the code of its graph, and it computes what
+    ``reference`` computes (on :data:`X`)."""
+    gm.graph.lint()
+    assert gm.code == gm.graph.python_code("self").src
+    with torch.no_grad():
+        torch.testing.assert_close(gm(X.clone()), reference(X.clone()), rtol=1e-5, atol=1e-6)
