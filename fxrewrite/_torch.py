@@ -32,10 +32,14 @@ from torch.fx.subgraph_rewriter import _replace_attributes
 __all__ = [
     "FakeTensor",
     "FakeTensorMode",
+    "add_node",
+    "copy_namespace",
     "copy_attribute",
     "copy_replacement_attributes",
     "detect_fake_mode",
+    "fresh_node_name",
     "is_erased",
+    "node_name_base",
     "node_position",
     "reparametrized",
     "set_graph_without_compiling",
@@ -57,6 +61,53 @@ def node_position(node: Node) -> Any:
 def is_erased(node: Node) -> bool:
     """True once ``graph.erase_node(node)`` removed it."""
     return bool(node._erased)
+
+
+def node_name_base(graph: fx.Graph, target: Any) -> str:
+    """The name ``graph.create_node`` gives a node calling ``target`` before making it unique
+    (``operator.mul`` gives ``mul``, ``"__add__"`` gives ``add``)."""
+    return graph._target_to_str(target)
+
+
+def fresh_node_name(graph: fx.Graph, base: str) -> str:
+    """A name no node of ``graph`` has, from ``base`` (``mul``, ``mul_1``, ...), reserved."""
+    return graph._graph_namespace.create_name(base, None)
+
+
+def add_node(graph: fx.Graph, name: str, op: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+             type_expr: Any = None, meta: Mapping[str, Any] | None = None) -> Node:
+    """Insert a node named ``name`` (reserved with :func:`fresh_node_name`, or copied from a graph
+    with the same namespace) at ``graph``'s insertion point, as ``graph.create_node`` does, without
+    its per-argument pytree walk (which only warns about raw symbolic values) and its name search.
+    Node-creation hooks of the graph's module run, as they do for ``create_node``. ``meta`` is
+    copied into the node's ``meta`` first (assigning ``node.meta`` later re-indexes the node).
+
+    >>> graph = fx.Graph()
+    >>> x = graph.placeholder("x")
+    >>> y = add_node(graph, fresh_node_name(graph, node_name_base(graph, abs)), "call_function", abs, (x,), {})
+    >>> _ = graph.output(y)
+    >>> print(graph.python_code("self").src.strip().splitlines()[1])
+    abs_1 = abs(x);  x = None
+    """
+    node = Node(graph, name, op, target, args, kwargs, type_expr)
+    if meta:
+        node.meta.update(meta)
+    owner = graph.owning_module
+    for hook in getattr(owner, "_create_node_hooks", None) or ():
+        hook(node)
+    graph._graph_namespace.associate_name_with_obj(name, node)
+    graph._insert(node)
+    graph._find_nodes_lookup_table.insert(node)
+    graph._len += 1
+    return node
+
+
+def copy_namespace(source: fx.Graph, target: fx.Graph) -> None:
+    """Give ``target`` the names ``source`` has used, so names created later in ``target`` are
+    those ``source`` would create (its nodes must already be associated with their names)."""
+    old, new = source._graph_namespace, target._graph_namespace
+    new._used_names = set(old._used_names)
+    new._base_count = dict(old._base_count)
 
 
 def copy_attribute(source: torch.nn.Module, target: torch.nn.Module, path: str) -> None:

@@ -27,7 +27,7 @@ import torch
 import torch.fx as fx
 from torch.fx.node import Node
 
-from ._torch import is_erased, tree_leaves
+from ._torch import add_node, fresh_node_name, is_erased, node_name_base, tree_leaves
 from .canon import aten_spelling, result_kind, written_arguments
 from .errors import Refuse, RewriteError
 from .match import Match, node_position
@@ -190,10 +190,14 @@ class _ReplacementTracer(fx.Tracer):
             self._tensor_paths[id(tensor)] = path
         return path
 
-    def replay_node(self, kind: str, target: Any, args: Any, kwargs: Any) -> Node:
-        """Record a node of a replayed replacement: as :meth:`create_node` would, its ATen
-        spelling already decided."""
-        node = fx.Tracer.create_node(self, kind, target, args, kwargs)
+    def replay_node(self, kind: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                    name_base: str) -> Node:
+        """Record a node of a replayed replacement: the node :meth:`create_node` would record (its
+        ATen spelling already decided), built directly under a fresh name from ``name_base``."""
+        if fx.traceback.has_preserved_node_meta():  # fx copies the ambient node meta: build it as fx does
+            node = fx.Tracer.create_node(self, kind, target, args, kwargs)
+        else:
+            node = add_node(self.graph, fresh_node_name(self.graph, name_base), kind, target, args, kwargs)
         node.meta.update(self._scope_meta)
         node.meta["stack_trace"] = self._stack_trace
         node.meta["fxrewrite_rule"] = self.rule.name if self.rule else None
@@ -316,11 +320,16 @@ class _Template:
     Only replacements that depend on nothing but their arguments are replayed: the template is
     keyed by the rule, the graph's level, and the literal captures' values; a replacement that
     read a matched value's shape or dtype, called a module or made a tensor constant is always
-    called; and a template is used only after a second call recorded the very same graph.
+    called; and a template is used only after a second call recorded the very same graph. The
+    checks a call's result gets (inputs live and earlier, constants an op can take, no write into
+    an input) were passed by the recorded calls and hold for every replay: a replay reads only
+    the match's bound values, before the insertion point, and the same constants.
     """
 
     nodes: tuple[tuple[str, Any, Any, Any], ...]
     outputs: tuple[Any, ...]
+    #: The name each node's fresh name is made from (``mul`` for ``mul_17``), as ``create_node`` makes it.
+    name_bases: tuple[str, ...] = attrs.field(eq=False)
 
     @classmethod
     def record(cls, match: Match, created: list[Node], outputs: list[Node]) -> _Template | None:
@@ -334,21 +343,24 @@ class _Template:
 
         nodes = tuple((n.op, n.target, fx.node.map_aggregate(n.args, symbolic),
                        fx.node.map_aggregate(n.kwargs, symbolic)) for n in created)
-        template = cls(nodes, tuple(symbolic(o) for o in outputs))
+        graph = match.anchor.graph
+        template = cls(nodes, tuple(symbolic(o) for o in outputs),
+                       tuple(node_name_base(graph, n.target) for n in created))
         leaves = tree_leaves((template.nodes, template.outputs))
         return None if any(leaf is _UNKNOWN for leaf in leaves) else template
 
     def replay(self, match: Match, tracer: _ReplacementTracer) -> list[Node]:
         made: list[Node] = []
+        bindings = match.bindings
 
         def concrete(value: Any) -> Any:
             if isinstance(value, _Slot):
-                return match.bindings[value.name]
+                return bindings[value.name]
             return made[value.index] if isinstance(value, _Made) else value
 
-        for op, target, args, kwargs in self.nodes:
+        for (op, target, args, kwargs), base in zip(self.nodes, self.name_bases):
             made.append(tracer.replay_node(op, target, fx.node.map_aggregate(args, concrete),
-                                           fx.node.map_aggregate(kwargs, concrete)))
+                                           fx.node.map_aggregate(kwargs, concrete), base))
         return [concrete(o) for o in self.outputs]
 
 
@@ -399,16 +411,19 @@ class Splicer:
         known = self._templates.get(key) if key is not None else None
         try:
             with self.gm.graph.inserting_before(point):
-                if known is not None and known[1] and known[0] is not None:
-                    new_outputs = known[0].replay(match, tracer)
+                template = known[0] if known is not None and known[1] else None
+                replayed = template is not None
+                if template is not None:
+                    new_outputs = template.replay(match, tracer)
                 else:
                     result = rule.replacement(**_arguments(match, tracer))
                     new_outputs = _output_nodes(result, match, rule, tracer)
-                _refuse_input_mutation(match, rule, tracer.created)
+                    _refuse_input_mutation(match, rule, tracer.created)
             if annotated:
                 propagate_values(self.gm, tracer.created)
             _refuse_non_tensor_outputs(match, rule, new_outputs)
-            _check_created(match, rule, tracer.created)
+            if not replayed:  # what a replay builds passed these checks when it was recorded
+                _check_created(match, rule, tracer.created)
         except Exception as exc:
             tracer.rollback()
             if isinstance(exc, (RewriteError, Refuse)):

@@ -38,6 +38,7 @@ import torch
 import torch.fx as fx
 from torch.fx.node import Node
 
+from ._gc import collections_paused
 from ._torch import is_erased, tree_flatten, tree_leaves, tree_unflatten
 from .canon import alias_class, is_written, mutation, op_key_of, same_literal
 from .errors import ArgumentError, DidNotConverge, FxRewriteError, Refuse, RewriteError
@@ -109,20 +110,31 @@ def rewrite(
     _check_arguments(inplace=inplace, max_rewrites=max_rewrites, example_inputs=example_inputs, debug=debug,
                      on_progress=on_progress, check_inputs=check_inputs)
     ruleset = as_ruleset(rules)
-    if check_inputs is not None:
-        return _checked_rewrite(target, ruleset, check_inputs, inplace=inplace, max_rewrites=max_rewrites,
-                                example_inputs=example_inputs, debug=debug, on_progress=on_progress)
-    if isinstance(target, torch.export.ExportedProgram):  # rewrite the lifted graph, build a program again
-        from .exported import rewrite_program
+    with collections_paused():  # a big rewrite would otherwise spend most of its time in full collections
+        if check_inputs is not None:
+            return _checked_rewrite(target, ruleset, check_inputs, inplace=inplace, max_rewrites=max_rewrites,
+                                    example_inputs=example_inputs, debug=debug, on_progress=on_progress)
+        if isinstance(target, torch.export.ExportedProgram):  # rewrite the lifted graph, build a program again
+            from .exported import rewrite_program
 
-        return rewrite_program(target, ruleset, inplace=inplace, example_inputs=example_inputs,
-                               max_rewrites=max_rewrites, debug=debug, on_progress=on_progress, _stop_after=_stop_after)
+            return rewrite_program(target, ruleset, inplace=inplace, example_inputs=example_inputs,
+                                   max_rewrites=max_rewrites, debug=debug, on_progress=on_progress,
+                                   _stop_after=_stop_after)
+        return _rewrite_module(target, ruleset, inplace=inplace, max_rewrites=max_rewrites,
+                               example_inputs=example_inputs, debug=debug, on_progress=on_progress,
+                               stop_after=_stop_after)
+
+
+def _rewrite_module(target: torch.nn.Module | Callable[..., Any], ruleset: RuleSet, *, inplace: bool,
+                    max_rewrites: int | None, example_inputs: Sequence[Any] | None, debug: bool | None,
+                    on_progress: Callable[[int, int], None] | None, stop_after: int | None) -> RewriteResult:
+    """``rewrite`` of a module or function (arguments checked)."""
     gm = to_graph_module(target, inplace=inplace)
     if example_inputs is not None:
         propagate_inputs(gm, example_inputs)
     started = time.perf_counter()
     driver = _Driver(gm, ruleset, budget=_budget(gm.graph, max_rewrites), debug=_debug(debug), on_progress=on_progress,
-                     stop_after=_stop_after)
+                     stop_after=stop_after)
     try:
         driver.run()
     except FxRewriteError as exc:
@@ -543,9 +555,10 @@ def rewrite_graph(graph: fx.Graph, rules: RulesLike, *, max_rewrites: int | None
     gm = owner if isinstance(owner, fx.GraphModule) else fx.GraphModule(owner or torch.nn.Module(), graph)
     started = time.perf_counter()
     driver = _Driver(gm, ruleset, budget=_budget(graph, max_rewrites), debug=_debug(None))
-    driver.run()
-    if driver.rewrites:
-        _check_lint(graph, driver, how="set FXREWRITE_DEBUG=1")
-        _drop_dead_attributes(gm, owned=False)
-        gm.recompile()
+    with collections_paused():
+        driver.run()
+        if driver.rewrites:
+            _check_lint(graph, driver, how="set FXREWRITE_DEBUG=1")
+            _drop_dead_attributes(gm, owned=False)
+            gm.recompile()
     return driver.report(time.perf_counter() - started)

@@ -21,7 +21,7 @@ import attrs
 import torch
 import torch.fx as fx
 
-from ._torch import copy_attribute, set_graph_without_compiling
+from ._torch import add_node, copy_attribute, copy_namespace, set_graph_without_compiling
 from .errors import RewriteError, TargetError
 from .pattern import TRACING, ThreadConfinedTracer
 
@@ -202,20 +202,11 @@ def _copy_graph(graph: fx.Graph) -> fx.Graph:
     """
     new = fx.Graph(tracer_cls=graph._tracer_cls)
     env: dict[fx.Node, fx.Node] = {}
-    namespace = new._graph_namespace
     for node in graph.nodes:
         args = fx.node.map_arg(node.args, env.__getitem__)
         kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
-        copied = fx.Node(new, node.name, node.op, node.target, args, kwargs, node.type)
-        copied.meta = copy.copy(node.meta)
-        new._insert(copied)
-        new._find_nodes_lookup_table.insert(copied)
-        new._len += 1
-        namespace.associate_name_with_obj(node.name, copied)
-        env[node] = copied
-    old_namespace = graph._graph_namespace
-    namespace._used_names = set(old_namespace._used_names)
-    namespace._base_count = dict(old_namespace._base_count)
+        env[node] = add_node(new, node.name, node.op, node.target, args, kwargs, node.type, node.meta)
+    copy_namespace(graph, new)
     new._codegen = copy.copy(graph._codegen)
     return new
 

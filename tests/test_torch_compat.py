@@ -70,3 +70,33 @@ def test_replacement_attributes_are_copied_as_torch_fx_does():
     delattr(gm, "c")  # ... which only the replacement module has
     _torch.copy_replacement_attributes(gm, fx.symbolic_trace(WithConst()))
     assert torch.equal(gm.c, torch.tensor([3.0]))
+
+
+def test_nodes_are_added_under_fresh_names_at_the_insertion_point_as_create_node_adds_them():
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    first = graph.call_function(torch.relu, (x,))
+    out = graph.output(first)
+    assert _torch.node_name_base(graph, torch.relu) == "relu"
+    assert _torch.node_name_base(graph, "__add__") == "add"
+    name = _torch.fresh_node_name(graph, "relu")
+    assert name == "relu_1"
+    with graph.inserting_before(out):
+        added = _torch.add_node(graph, name, "call_function", torch.relu, (first,), {}, meta={"tag": 1})
+    out.args = (added,)
+    assert [n.name for n in graph.nodes] == ["x", "relu", "relu_1", "output"]
+    assert added.meta == {"tag": 1} and added in graph.find_nodes(op="call_function", target=torch.relu)
+    assert len(graph.nodes) == 4
+    graph.lint()
+    assert _torch.fresh_node_name(graph, "relu") == "relu_2"
+    gm = fx.GraphModule(nn.Module(), graph)
+    torch.testing.assert_close(gm(torch.tensor([-1.0, 2.0])), torch.tensor([0.0, 2.0]))
+
+
+def test_a_copied_namespace_hands_out_the_names_the_original_would():
+    graph = fx.symbolic_trace(lambda a: torch.relu(torch.relu(a))).graph
+    copy = fx.Graph()
+    for node in graph.find_nodes(op="placeholder"):
+        _torch.add_node(copy, node.name, node.op, node.target, (), {})
+    _torch.copy_namespace(graph, copy)
+    assert _torch.fresh_node_name(copy, "relu") == _torch.fresh_node_name(graph, "relu") == "relu_2"
