@@ -71,3 +71,25 @@ def test_a_wrong_rewrite_is_reported_as_a_correctness_failure(bench, monkeypatch
     status = bench.main(["--quick", "--sizes", "300", "--workloads", "create1", "-q", "--no-fx", "--no-memory"],
                         out=out)
     assert status == 1 and "CORRECTNESS: FAIL" in out.getvalue() and "output differs" in out.getvalue()
+
+
+def test_bench_scale_quick_mode_runs_and_reports(capsys):
+    bench = _load("bench_scale")
+    code = bench.main(["--quick", "--nodes", "600"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    for word in ("nodes", "rewrite", "recompile", "peak", "graph"):
+        assert word in out
+
+
+def test_bench_models_quick_runs_checks_and_prints_the_table():
+    bench_models = _load("bench_models")
+    buf = io.StringIO()
+    assert bench_models.main(["--quick"], out=buf) == 0, buf.getvalue()
+    out = buf.getvalue()
+    header = next(line for line in out.splitlines() if line.startswith("model "))
+    assert header.split()[:4] == ["model", "level", "nodes", "rewrites"]
+    for model in bench_models.MODELS:
+        for level in bench_models.LEVELS:
+            assert any(line.split()[:2] == [model, level] for line in out.splitlines()), (model, level)
+    assert "causal_attention x1" in out and "conv_bn_fold x3" in out and "quantize_linear x3" in out

@@ -20,34 +20,28 @@ never another exception, never a broken graph.
 
 ``test_fuzz_rewrite_is_sound_or_fails_cleanly`` is the CI budget (deterministic, a few dozen
 examples); ``test_fuzz_rewrite_long`` (``-m slow``) runs thousands and prints its figures.
-The scale benchmark's ``--quick`` mode is smoke-tested here too.
 """
 
 from __future__ import annotations
 
 import collections
-import importlib.util
-import math
-import operator
-import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
+from _helpers import standard_rules
 from hypothesis import HealthCheck, find, given, note, settings
 from hypothesis import strategies as st
 
 import fxrewrite
 from fxrewrite import FxRewriteError
 
-ROOT = Path(__file__).resolve().parent.parent
 CI_EXAMPLES = 40
 LONG_EXAMPLES = 2000
 BASE_SHAPES = ((3, 3), (2, 3, 3), (2, 2, 3, 3))
@@ -58,18 +52,6 @@ PLANT_PROBABILITY = 0.45
 #: the fuzzer can find other problems; each has an xfail test below. Remove an entry (and the
 #: xfail marker) when the rule is fixed.
 KNOWN_UNSOUND: dict[str, str] = {}  # neg_sub was found unsound here (-0.0 vs 0.0) and removed
-
-_RULES: fxrewrite.RuleSet | None = None
-
-
-def standard_rules() -> fxrewrite.RuleSet:
-    global _RULES
-    if _RULES is None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            _RULES = fxrewrite.load_rules()
-    return _RULES
-
 
 # ---- building graphs: every op runs on concrete tensors and records on Proxies ---------------------
 
@@ -737,24 +719,3 @@ def test_every_planted_pattern_is_matched_by_its_rule():
 def simplest(strategy: Any, label: Any = None) -> Any:
     """A stand-in for ``data.draw``: the simplest value of ``strategy`` (what Hypothesis shrinks to)."""
     return find(strategy, lambda _: True, settings=settings(database=None))
-
-
-# ---- the scale benchmark, quick mode -------------------------------------------------------------------------
-
-
-def load_bench_scale():
-    path = ROOT / "benchmarks" / "bench_scale.py"
-    spec = importlib.util.spec_from_file_location("bench_scale", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_scale"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_bench_scale_quick_mode_runs_and_reports(capsys):
-    bench = load_bench_scale()
-    code = bench.main(["--quick", "--nodes", "600"])
-    out = capsys.readouterr().out
-    assert code == 0, out
-    for word in ("nodes", "rewrite", "recompile", "peak", "graph"):
-        assert word in out
