@@ -528,3 +528,44 @@ def test_a_broadcasting_bug_is_not_hidden_by_overflow_and_shrinks_to_two_element
                           check=False, env={**__import__("os").environ, "CI": "true"})
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["1", "2", "True", "True"]
+
+
+# ---- the module's layout: a public face over private modules, one job each ----------------------
+
+#: The private modules behind fxrewrite.testing.strategies, in import order, then the face itself.
+_LAYERS = ("_values", "_domain", "_nn_modules", "_running", "_plan", "_probing", "_inputs", "strategies")
+
+
+def test_each_strategies_module_imports_only_the_ones_before_it():
+    import ast
+    from pathlib import Path
+
+    import fxrewrite.testing
+
+    home = Path(fxrewrite.testing.__file__).parent
+    for index, name in enumerate(_LAYERS):
+        tree = ast.parse((home / f"{name}.py").read_text())
+        siblings = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1}
+        assert siblings <= set(_LAYERS[:index]), f"{name} imports {sorted(siblings - set(_LAYERS[:index]))}"
+
+
+def test_the_strategies_module_offers_every_name_it_offered_before_the_split():
+    from fxrewrite.testing import strategies
+
+    assert strategies.__all__ == [
+        "DEFAULT_DTYPES", "DOMAIN_KEYS", "Domain", "GuardHarness", "GuardRaised", "InputPlan",
+        "call_rule_function", "elements", "inputs_for", "match_for", "plan_inputs", "tensor_shapes", "tensors",
+    ]
+    others = ("MAX_DISTINCT_VALUES", "ShapeMode", "TensorDomain", "accepts", "default_module", "fit_input_shape",
+              "ulp_neighbours", "_INPUT_KEYS")
+    assert [name for name in others if not hasattr(strategies, name)] == []
+
+
+def test_running_a_rule_and_building_modules_do_not_import_hypothesis():
+    import subprocess
+    import sys
+
+    code = ("import sys, fxrewrite.testing._running, fxrewrite.testing._nn_modules; "
+            "print('hypothesis' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False"]

@@ -1,0 +1,117 @@
+"""The entry points of the input plan: :func:`plan_inputs` makes a rule's
+:class:`~fxrewrite.testing._plan.InputPlan` (its domain parsed and checked against its
+parameters, its module captures checked buildable, the configurations its pattern runs on
+probed), and :func:`inputs_for` is that plan's strategy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+from hypothesis.strategies import SearchStrategy
+from torch.fx.node import Node
+
+from ..errors import RuleDefinitionError
+from ..pattern import Param
+from ..rule import Rule
+from ._domain import Domain
+from ._nn_modules import default_module
+from ._plan import InputPlan
+from ._probing import _probe
+from ._running import GuardHarness
+
+
+def _module_consumers(rule: Rule) -> dict[str, str]:
+    """Tensor parameters that a module capture is called on directly: ``{tensor: module}``."""
+    pattern = rule.compiled
+    kinds = {p.name: p.kind for p in pattern.params}
+    consumers: dict[str, str] = {}
+    for node in pattern.graph.nodes:
+        if node.op == "call_module" and node.args and isinstance(node.args[0], Node):
+            arg = node.args[0]
+            if arg.op == "placeholder" and kinds.get(str(arg.target)) == "tensor":
+                consumers.setdefault(str(arg.target), str(node.target))
+    return consumers
+
+
+def plan_inputs(rule: Rule, *, domain: Mapping[str, Any] | None = None) -> InputPlan:
+    """Parse the rule's domain (or ``domain``), check that every module capture can be built and
+    probe which dtypes and ranks the pattern accepts.
+
+    Raises :class:`~fxrewrite.errors.RuleDefinitionError` for a malformed domain or a module
+    capture that needs a factory.
+    """
+    where = f"rule '{rule.name}' ({rule.origin})"
+    parsed = Domain.parse(rule.domain if domain is None else domain, where=where)
+    params = rule.compiled.params
+    plan = InputPlan(
+        rule=rule, domain=parsed,
+        tensors=tuple(p for p in params if p.kind == "tensor"),
+        literals=tuple(p for p in params if p.kind == "literal"),
+        modules=tuple(p for p in params if p.kind == "module"),
+        consumers=_module_consumers(rule),
+        harness=GuardHarness(rule) if rule.where else None,
+    )
+    _check_declared_names(plan)
+    for param in plan.modules:
+        _check_module_source(plan, param)
+    configs, failure = _probe(plan)
+    return attrs.evolve(plan, configs=configs, probe_failure=failure)
+
+
+def _check_declared_names(plan: InputPlan) -> None:
+    """A name in ``literals``, ``modules`` or ``inputs`` that is a parameter must be one of that
+    kind. Other names are ignored, so that one domain dict can serve several rules."""
+    kinds = {p.name: p.kind for p in plan.rule.compiled.params}
+    for key, kind in (("literals", "literal"), ("modules", "module"), ("inputs", "tensor")):
+        wrong = sorted(name for name in getattr(plan.domain, key) if kinds.get(name, kind) != kind)
+        if wrong:
+            found = ", ".join(f"'{name}' is a {kinds[name]} parameter" for name in wrong)
+            raise RuleDefinitionError(
+                f"{plan.where}: domain['{key}'] is for {kind} parameters, but {found}; move it to "
+                f"domain['{_DOMAIN_KEY_OF_KIND[kinds[wrong[0]]]}'].")
+
+
+_DOMAIN_KEY_OF_KIND = {"literal": "literals", "module": "modules", "tensor": "inputs"}
+
+
+def _check_module_source(plan: InputPlan, param: Param) -> None:
+    source = plan.domain.modules.get(param.name)
+    if source is not None:
+        if not (callable(source) or isinstance(source, SearchStrategy)):
+            raise RuleDefinitionError(
+                f"{plan.where}: domain['modules']['{param.name}'] must be a zero-argument factory "
+                f"(e.g. lambda: nn.Conv2d(3, 4, 3)) or a strategy of modules, got {source!r}.")
+        return
+    if default_module(param.annotation, width=2, kernel=1, bias=True) is None:
+        cls = param.annotation.__name__
+        raise RuleDefinitionError(
+            f"{plan.where}: cannot build a '{cls}' for module capture '{param.name}' to test the rule; "
+            f"declare a factory: domain={{'modules': {{'{param.name}': lambda: {cls}(...)}}}}.")
+
+
+def inputs_for(rule: Rule, *, domain: Mapping[str, Any] | None = None) -> SearchStrategy[dict[str, Any]]:
+    """Every argument of ``rule``'s pattern, as ``{parameter name: value}``: tensors for
+    variables, values of their annotated type for literal captures, modules for module
+    captures. Only draws on which the pattern runs and every guard holds are kept.
+    A ``rule`` that is not a :class:`~fxrewrite.Rule` is an ``ArgumentError``.
+
+    ``domain`` replaces the rule's own declaration. Raises
+    :class:`~fxrewrite.errors.RuleDefinitionError` if the domain is malformed or a module
+    capture needs a factory.
+
+    >>> import torch
+    >>> from hypothesis import find
+    >>> from fxrewrite import Rule
+    >>> rule = Rule.from_functions(lambda x, y: x + y, lambda x, y: y + x, name="add_commutes")
+    >>> inputs = find(inputs_for(rule), lambda d: d["x"].shape != d["y"].shape)
+    >>> sorted(inputs), torch.broadcast_shapes(inputs["x"].shape, inputs["y"].shape) == inputs["x"].shape
+    (['x', 'y'], True)
+    """
+    if not isinstance(rule, Rule):
+        from ..errors import ArgumentError
+
+        raise ArgumentError(f"inputs_for(): rule takes a fxrewrite.Rule, got {rule!r} ({type(rule).__name__}).")
+    return plan_inputs(rule, domain=domain).strategy()

@@ -1,0 +1,280 @@
+"""What :func:`~fxrewrite.testing.strategies.inputs_for` draws for one rule, and the drawing.
+
+:class:`InputPlan` holds the rule's parameters, its parsed domain and the (dtype, rank)
+configurations on which its pattern runs; :meth:`InputPlan.strategy` draws a dtype, module
+captures, the sides of a base shape, the tensors (shapes related to the base shape, dtypes,
+values) and the literal captures, in that order, and keeps only the draws :func:`accepts`
+(the pattern runs and every guard holds). The shrinker works on that order of draws: the
+minimal counterexamples the tests pin depend on it, so change it knowingly.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import attrs
+import hypothesis.strategies as st
+import torch
+from hypothesis import reject
+from hypothesis.strategies import SearchStrategy
+from torch import nn
+
+from ..errors import RuleDefinitionError
+from ..pattern import Param
+from ..rule import Rule
+from ._domain import Domain
+from ._nn_modules import default_module, fit_input_shape
+from ._running import GuardHarness, GuardRaised, _guard_name, _seeded, call_rule_function
+from ._values import _as_strategy, _build_tensor, _non_contiguous, _unique, _value_lists
+
+#: Dtypes a ``torch.dtype`` literal capture is drawn from.
+_DTYPE_LITERALS: tuple[torch.dtype, ...] = (
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int8,
+    torch.uint8, torch.bool,
+)
+
+#: Strings a ``str`` literal capture is drawn from unless the domain lists its values.
+_STRING_LITERALS: tuple[str, ...] = (
+    "none", "tanh", "mean", "sum", "floor", "trunc", "max", "min", "amax", "amin", "prod",
+    "nearest", "linear", "bilinear", "constant", "reflect", "replicate", "circular", "zeros",
+    "same", "valid", "fro", "nuc",
+)
+
+
+@attrs.frozen
+class _Config:
+    """The dtype of the tensor arguments and the rank of the largest one."""
+
+    dtype: torch.dtype
+    rank: int
+
+
+@attrs.frozen(eq=False)
+class InputPlan:
+    """What :func:`inputs_for` draws for one rule: its parameters, the parsed domain, and the
+    (dtype, rank) configurations on which probing found that the pattern runs."""
+
+    rule: Rule
+    domain: Domain
+    tensors: tuple[Param, ...]
+    literals: tuple[Param, ...]
+    modules: tuple[Param, ...]
+    consumers: Mapping[str, str]
+    configs: tuple[_Config, ...] = ()
+    probe_failure: str | None = None
+    harness: GuardHarness | None = None
+    #: A tensor argument that always broadcasts (one dimension or more fewer than the others).
+    smaller: str | None = None
+
+    @property
+    def where(self) -> str:
+        return f"rule '{self.rule.name}' ({self.rule.origin})"
+
+    @property
+    def dtypes(self) -> tuple[torch.dtype, ...]:
+        """Dtypes on which the pattern was seen to run."""
+        return tuple(_unique(c.dtype for c in self.configs))
+
+    @property
+    def broadcastable(self) -> tuple[str, ...]:
+        """Tensor arguments whose shapes may differ from the others' (by broadcasting)."""
+        names = tuple(p.name for p in self.tensors if _shape_varies(self, p))
+        return names if len(names) > 1 else ()
+
+    def with_smaller(self, name: str) -> InputPlan:
+        """This plan, where tensor argument ``name`` always has fewer dimensions than the others
+        (when they have any)."""
+        return attrs.evolve(self, smaller=name)
+
+    def only(self, dtype: torch.dtype) -> InputPlan:
+        """This plan, drawing tensors of ``dtype`` only (where the domain does not fix them)."""
+        return attrs.evolve(self, configs=tuple(c for c in self.configs if c.dtype == dtype))
+
+    def ranks(self, dtype: torch.dtype) -> tuple[int, ...]:
+        """Ranks on which the pattern was seen to run for ``dtype``, ascending."""
+        return tuple(c.rank for c in self.configs if c.dtype == dtype)
+
+    def strategy(self) -> SearchStrategy[dict[str, Any]]:
+        return _valid_inputs(self)
+
+
+@st.composite
+def _modules(draw: Any, plan: InputPlan) -> dict[str, nn.Module]:
+    if not plan.modules:
+        return {}
+    width = draw(st.integers(*plan.domain.sides), label="module width")
+    out = {}
+    for param in plan.modules:
+        source = plan.domain.modules.get(param.name)
+        if isinstance(source, SearchStrategy):
+            module = draw(source)
+        else:
+            kernel = draw(st.integers(1, min(3, max(1, width))))
+            bias = draw(st.booleans())
+            seed = draw(st.integers(0, 2**16 - 1))
+            make = source if source is not None else functools.partial(
+                default_module, param.annotation, width=width, kernel=kernel, bias=bias)
+            module = _seeded(seed, make)
+        if not isinstance(module, param.annotation):
+            raise RuleDefinitionError(
+                f"{plan.where}: the module drawn for '{param.name}' is a {type(module).__name__}, "
+                f"not a {param.annotation.__name__}; fix domain['modules']['{param.name}'].")
+        out[param.name] = module
+    return out
+
+
+def _base_shape(plan: InputPlan, shape: Sequence[int], modules: Mapping[str, nn.Module]) -> tuple[int, ...]:
+    module = next(iter(plan.consumers.values()), None)
+    return fit_input_shape(modules[module], shape) if module is not None else tuple(shape)
+
+
+@st.composite
+def _related_shape(draw: Any, base: tuple[int, ...], max_rank: int, smaller: bool) -> tuple[int, ...]:
+    """``base``, or (shrinking towards ``base``) a shape that broadcasts to it: leading
+    dimensions dropped, some dimensions set to 1 (``smaller``: always at least one dimension
+    dropped). The draws do not depend on ``base``'s rank, so the shrinker can remove a dimension
+    without disturbing what is drawn after."""
+    broadcast = draw(st.booleans(), label="broadcast")
+    drop = draw(st.integers(0, max_rank))
+    ones = draw(st.lists(st.booleans(), min_size=max_rank, max_size=max_rank))
+    if smaller:
+        broadcast, drop = True, max(drop, 1)
+    if not broadcast:
+        return base
+    kept = base[min(drop, len(base)):]
+    return tuple(1 if one else side for one, side in zip(ones, kept, strict=False))
+
+
+def _tensor_dtypes(plan: InputPlan, param: Param) -> tuple[torch.dtype, ...]:
+    own = plan.domain.tensor_domain(param.name).dtypes
+    return own if own is not None else (plan.dtypes or plan.domain.dtypes)
+
+
+@st.composite
+def _tensor_inputs(draw: Any, plan: InputPlan, config: _Config, base: tuple[int, ...]) -> dict[str, torch.Tensor]:
+    """The tensor arguments: by default all of ``base``'s shape and ``config``'s dtype; shrinking
+    leads there from shapes that broadcast to ``base`` and from mixed dtypes."""
+    mixed = plan.domain.mixed_dtypes and len(plan.tensors) > 1 and draw(st.booleans(), label="mixed dtypes")
+    related = plan.broadcastable
+    out = {}
+    for param in plan.tensors:
+        own = plan.domain.tensor_domain(param.name)
+        fixed = own.shape if own.shape is not None else base
+        smaller = param.name == plan.smaller
+        shape = draw(_related_shape(base, plan.domain.ranks[1], smaller)) if param.name in related else fixed
+        if own.dtypes is not None:
+            dtype = draw(st.sampled_from(own.dtypes))
+        else:
+            dtype = draw(st.sampled_from(_tensor_dtypes(plan, param))) if mixed else config.dtype
+        values = draw(_value_lists(dtype, math.prod(shape), own.min_value, own.max_value, own.special_values))
+        t = _build_tensor(values, shape, dtype)
+        transposed = plan.domain.non_contiguous and draw(st.booleans(), label="non-contiguous")
+        if transposed and t.dim() >= 2 and min(t.shape[-2:]) > 1:
+            t = _non_contiguous(t)
+        out[param.name] = t
+    return out
+
+
+def _shape_varies(plan: InputPlan, param: Param) -> bool:
+    """Whether ``param``'s shape may differ from the base shape (else it is the base shape, or
+    the shape its domain fixes)."""
+    return (plan.domain.shapes == "broadcast" and param.name not in plan.consumers
+            and plan.domain.tensor_domain(param.name).shape is None)
+
+
+def _literal_strategy(plan: InputPlan, param: Param) -> SearchStrategy[Any]:
+    declared = plan.domain.literals.get(param.name)
+    if declared is not None:
+        return _as_strategy(declared, name=f"{plan.where}: domain['literals']['{param.name}']", kind=(str, bytes))
+    ann = param.annotation
+    if ann is bool:
+        return st.booleans()
+    if ann is int:
+        return st.integers(-4, 4)
+    if ann is float:
+        non_finite = st.sampled_from([math.inf, -math.inf, math.nan]) if plan.domain.special_values else st.nothing()
+        return st.one_of(st.sampled_from([0.0, 1.0, -1.0, 0.5, 2.0, -0.0]), non_finite, st.floats(-10.0, 10.0))
+    if ann is str:
+        return st.sampled_from(_STRING_LITERALS)
+    return st.sampled_from(_DTYPE_LITERALS)
+
+
+def _index_literals(plan: InputPlan) -> list[str]:
+    """The ``int`` literal captures whose values the domain does not declare: when there are
+    several, they are often the dims of one op (``permute``, ``transpose``, ``movedim``)."""
+    return [p.name for p in plan.literals if p.annotation is int and p.name not in plan.domain.literals]
+
+
+@st.composite
+def _literal_values(draw: Any, plan: InputPlan) -> dict[str, Any]:
+    """The literal captures: each drawn on its own, or (when there are several undeclared
+    ``int`` captures) as a permutation of ``range(n)``, each index possibly counted from the
+    end: every permutation of a small rank is drawn, which independent draws hardly hit."""
+    values = {p.name: draw(_literal_strategy(plan, p)) for p in plan.literals}
+    group = _index_literals(plan)
+    if len(group) > 1 and draw(st.booleans(), label="permutation"):
+        order = draw(st.permutations(range(len(group))))
+        from_end = draw(st.lists(st.booleans(), min_size=len(group), max_size=len(group)))
+        values.update({name: i - len(group) if neg else i for name, i, neg in zip(group, order, from_end)})
+    return values
+
+
+@st.composite
+def _raw_inputs(draw: Any, plan: InputPlan) -> dict[str, Any]:
+    dtype = draw(st.sampled_from(plan.dtypes))
+    ranks = plan.ranks(dtype)
+    modules = draw(_modules(plan))
+    sides = draw(st.lists(st.integers(*plan.domain.sides), min_size=ranks[0], max_size=ranks[-1]))
+    if len(sides) not in ranks:
+        reject()
+    if draw(st.booleans(), label="square") and sides:
+        sides = [sides[0]] * len(sides)  # matmul-like patterns need equal sizes
+    config = _Config(dtype, len(sides))
+    base = _base_shape(plan, sides, modules)
+    values = draw(_tensor_inputs(plan, config, base))
+    literals = draw(_literal_values(plan))
+    merged = {**values, **literals, **modules}
+    return {p.name: merged[p.name] for p in plan.rule.compiled.params}
+
+
+@st.composite
+def _valid_inputs(draw: Any, plan: InputPlan) -> dict[str, Any]:
+    inputs = draw(_raw_inputs(plan))
+    if not accepts(plan, inputs, guard_errors="raise"):
+        reject()
+    return inputs
+
+
+def accepts(plan: InputPlan, inputs: Mapping[str, Any], *,
+            guard_errors: Literal["raise", "reject", "accept"] = "reject") -> bool:
+    """True when the pattern runs on ``inputs`` and every guard of the rule holds there.
+
+    A guard that raises is a bug in the rule (a rewrite would fail on such a graph): with
+    ``guard_errors="raise"`` it raises :class:`GuardRaised`; ``"reject"`` and ``"accept"`` say
+    what such inputs count as.
+    """
+    rule = plan.rule
+    if plan.harness is None:
+        try:
+            call_rule_function(rule.pattern, inputs)
+        except Exception:
+            return False
+        return True
+    try:
+        match = plan.harness.match(inputs)
+    except Exception:
+        return False
+    failed = rule.failing_guard(match)
+    if failed is None:
+        return True
+    guard, exc = failed
+    if exc is None:
+        return False
+    if guard_errors != "raise":
+        return guard_errors == "accept"
+    raise GuardRaised(
+        f"rule '{rule.name}' ({rule.origin}): guard {_guard_name(guard)} raised "
+        f"{type(exc).__name__}: {exc}", inputs, exc) from exc

@@ -1,0 +1,135 @@
+"""Running a rule on concrete values, as a rewrite would: :func:`call_rule_function` calls its
+pattern or replacement eagerly (on fresh copies of the inputs, with the random generator seeded,
+without autograd); :class:`GuardHarness` and :func:`match_for` build the
+:class:`~fxrewrite.match.Match` its ``where=`` guards see in a graph that computes the pattern on
+those values; :class:`GuardRaised` is the error for a guard that raises there. No Hypothesis here.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+from torch.fx.node import Node
+
+from ..errors import FxRewriteError
+from ..match import Match
+from ..pattern import Pattern
+from ..rule import Rule
+from ..verify import fresh_copy
+
+
+class GuardRaised(FxRewriteError, RuntimeError):
+    """A rule's ``where=`` guard raised on inputs the pattern accepts; a rewrite would fail there."""
+
+    def __init__(self, message: str, inputs: Mapping[str, Any], error: BaseException) -> None:
+        super().__init__(message)
+        self.inputs = inputs
+        self.error = error
+
+
+def call_rule_function(fn: Callable[..., Any], inputs: Mapping[str, Any], *,
+                       rng_seed: int = 0) -> tuple[Any, dict[str, Any]]:
+    """Call a pattern or replacement eagerly on fresh copies of ``inputs`` (so in-place
+    operations cannot leak), with the random generator seeded, without autograd. Returns the
+    result and the copies (to see what the call modified)."""
+    args = {name: fresh_copy(value) for name, value in inputs.items()}
+    with torch.no_grad():
+        return _seeded(rng_seed, lambda: fn(**args)), args
+
+
+class GuardHarness:
+    """The rule's pattern graph, copied into a ``GraphModule`` once, on which guards are
+    evaluated for concrete inputs: the graph is run with an interpreter that records each
+    node's value in ``meta["val"]``, and a :class:`~fxrewrite.match.Match` of the pattern
+    against this copy of itself is built, so ``m["x"].shape``, ``.dtype`` and ``.dim()`` work as
+    in a real rewrite."""
+
+    def __init__(self, rule: Rule) -> None:
+        pattern = rule.compiled
+        graph = fx.Graph()
+        self.env: dict[Node, Node] = {}
+        graph.output(graph.graph_copy(pattern.graph, self.env))
+        self.rule = rule
+        self.module_names = tuple(p.name for p in pattern.params if p.kind == "module")
+        root = nn.Module()
+        for name in self.module_names:
+            root.add_module(name, nn.Identity())
+        self.gm = fx.GraphModule(root, graph)
+        self.placeholders = tuple(str(n.target) for n in pattern.placeholders.values())
+
+    def match(self, inputs: Mapping[str, Any]) -> Match:
+        """Run the pattern graph on copies of ``inputs`` (raising what it raises) and return
+        the match the guards would see."""
+        for name in self.module_names:
+            setattr(self.gm, name, fresh_copy(inputs[name]))
+        with torch.no_grad():
+            _RecordingInterpreter(self.gm).run(*(fresh_copy(inputs[name]) for name in self.placeholders))
+        return _match_on_copy(self.rule.compiled, self.env, inputs)
+
+
+def _match_on_copy(pattern: Pattern, copies: Mapping[Node, Node], values: Mapping[str, Any]) -> Match:
+    """The match of ``pattern`` against a copy of its own graph: ``copies`` maps each pattern
+    node to its copy (as ``Graph.graph_copy`` records them), literal and module captures are
+    bound to ``values``, module captures are called under their own names.
+
+    Built directly rather than searched with :func:`~fxrewrite.match.match_at`: the node
+    correspondence is known, and in the copy a literal capture is a placeholder, which the
+    matcher would bind instead of its value. Building a ``Match`` field by field belongs in
+    :mod:`fxrewrite.match`, next to the matcher's own construction, as a named constructor.
+    """
+    bindings = {p.name: copies[pattern.placeholders[p.name]] if p.kind == "tensor" else values[p.name]
+                for p in pattern.params}
+    module_paths = {p.name: p.name for p in pattern.params if p.kind == "module"}
+    return Match(
+        pattern=pattern, bindings=bindings, nodes=tuple(copies[n] for n in pattern.inner_nodes),
+        outputs=tuple(copies[n] for n in pattern.outputs), anchor=copies[pattern.anchor],
+        module_paths=module_paths, node_map=dict(copies),
+    )
+
+
+class _RecordingInterpreter(fx.Interpreter):
+    """Runs a graph and records every node's value in ``node.meta["val"]`` (what guards read)."""
+
+    def run_node(self, n: Node) -> Any:
+        value = super().run_node(n)
+        n.meta["val"] = value
+        return value
+
+
+def match_for(rule: Rule, inputs: Mapping[str, Any]) -> Match:
+    """A :class:`~fxrewrite.match.Match` of ``rule``'s pattern against a copy of its own graph
+    evaluated on ``inputs``: what the rule's guards would see in a graph computing the pattern
+    on these values. Raises whatever the pattern raises on them.
+
+    >>> import torch
+    >>> from fxrewrite import Rule
+    >>> rule = Rule.from_functions(lambda x: torch.relu(torch.relu(x)), lambda x: torch.relu(x), name="r")
+    >>> m = match_for(rule, {"x": torch.zeros(2, 3, dtype=torch.float64)})
+    >>> m["x"].shape, m["x"].dtype, m["x"].dim()
+    (torch.Size([2, 3]), torch.float64, 2)
+    """
+    return GuardHarness(rule).match(inputs)
+
+
+def _guard_name(guard: Callable[..., Any]) -> str:
+    return getattr(guard, "__qualname__", None) or repr(guard)
+
+
+@functools.lru_cache(maxsize=64)
+def _generator_state(seed: int) -> torch.Tensor:
+    return torch.Generator().manual_seed(seed).get_state()
+
+
+def _seeded(seed: int, make: Callable[[], Any]) -> Any:
+    """``make()`` with torch's global generator seeded with ``seed``, restored afterwards."""
+    saved = torch.default_generator.get_state()
+    torch.default_generator.set_state(_generator_state(seed))
+    try:
+        return make()
+    finally:
+        torch.default_generator.set_state(saved)

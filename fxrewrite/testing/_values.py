@@ -1,0 +1,296 @@
+"""Strategies for values: numbers of a dtype (:func:`elements`), shapes (:func:`tensor_shapes`)
+and tensors (:func:`tensors`). They know nothing of rules; the input plan builds on them.
+
+Floats lean on the values that break rules (``0``, ``-0.0``, ``±inf``, ``nan``, the extremes,
+subnormals, one ulp around powers of two: :func:`ulp_neighbours`), integers on their extremes and
+on small masks. A tensor's values are a short drawn list repeated to its size
+(``_value_lists``), so that the shrinker can drop values and dimensions independently.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import struct
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal, cast
+
+import hypothesis.strategies as st
+import torch
+from hypothesis.strategies import SearchStrategy
+
+#: Tensor dtypes drawn when a rule's domain does not say (add float16/bfloat16 in ``domain``).
+DEFAULT_DTYPES: tuple[torch.dtype, ...] = (
+    torch.float32, torch.float64, torch.int64, torch.int32, torch.uint8, torch.bool,
+)
+
+
+def _width(dtype: torch.dtype) -> int:
+    return {torch.float64: 64, torch.float16: 16}.get(dtype, 32)
+
+
+def _representable(value: float, width: int, *, up: bool) -> float:
+    """The float of ``width`` bits nearest to ``value`` on the inside of a bound."""
+    if width == 64 or math.isinf(value):
+        return value
+    fmt = "f" if width == 32 else "e"
+    rounded = struct.unpack(fmt, struct.pack(fmt, value))[0]
+    if (up and rounded < value) or (not up and rounded > value):
+        dtype = torch.float32 if width == 32 else torch.float16
+        t = torch.tensor(rounded, dtype=dtype)
+        rounded = float(torch.nextafter(t, torch.tensor(math.inf if up else -math.inf, dtype=dtype)))
+    return rounded
+
+
+def _unique(values: Iterable[Any]) -> list[Any]:
+    seen: set[tuple[str, Any]] = set()
+    out = []
+    for v in values:
+        key = (repr(v), type(v).__name__)  # keeps 0.0 and -0.0, and nan, apart
+        if key not in seen:
+            seen.add(key)
+            out.append(v)
+    return out
+
+
+def _float_elements(dtype: torch.dtype, lo: float | None, hi: float | None, special: bool) -> SearchStrategy[float]:
+    info = torch.finfo(dtype)
+    width = _width(dtype)
+    low = -info.max if lo is None else max(float(lo), -info.max)
+    high = info.max if hi is None else min(float(hi), info.max)
+    if low > high:
+        raise ValueError(f"min_value={lo!r} is larger than max_value={hi!r} for {dtype}; swap them.")
+    simple = [0.0, 1.0, -1.0, -0.0, 0.5, 2.0, -2.0, info.eps / 2, -info.eps / 2, low, high]
+    subnormal = _next_float(dtype, 0.0, math.inf)  # one ulp above 0: the smallest subnormal
+    extreme = [info.max, -info.max, info.tiny, -info.tiny, subnormal, -subnormal]
+    non_finite = st.sampled_from([math.inf, -math.inf, math.nan]) if special else st.nothing()
+    low, high = _representable(low, width, up=True), _representable(high, width, up=False)
+    bits = cast(Literal[16, 32, 64], width)
+    moderate = st.floats(max(low, -10.0), min(high, 10.0), width=bits) if low <= 10 and high >= -10 else st.nothing()
+    wide = st.floats(low, high, width=bits, allow_nan=False, allow_infinity=False)
+    return st.one_of(_one_of_values(simple, low, high), _one_of_values(extreme, low, high), non_finite,
+                     _small_floats(info, low, high), moderate, wide,
+                     _one_of_values(ulp_neighbours(dtype), low, high))
+
+
+#: Exponents ``k`` whose powers of two ``2**k`` get their one-ulp neighbours drawn (rounding,
+#: ``floor``/``log2``/``frexp`` and exponent tricks go wrong exactly there); out-of-range ones
+#: are left out per dtype.
+_POWER_EXPONENTS = (0, 1, -1, 2, 4, 8, 11, 16, 24, 31, 53, 63, 64, 100, -8, -24, -53, -100)
+
+
+@functools.cache
+def ulp_neighbours(dtype: torch.dtype) -> tuple[float, ...]:
+    """Values one ulp around powers of two and around 0 for a floating ``dtype``, smallest
+    magnitude first (the order shrinking prefers): the smallest subnormal, the largest
+    subnormal, then ``2**k`` one ulp below and above, each with both signs, then one ulp below
+    the largest finite value.
+
+    >>> ulp_neighbours(torch.float32)[:2]
+    (1.401298464324817e-45, -1.401298464324817e-45)
+    >>> 0.9999999403953552 in ulp_neighbours(torch.float32) and 1.0000001192092896 in ulp_neighbours(torch.float32)
+    True
+    """
+    info = torch.finfo(dtype)
+    step = functools.partial(_next_float, dtype)
+    out = [step(0.0, math.inf), step(info.tiny, 0.0)]
+    for k in sorted(_POWER_EXPONENTS, key=abs):
+        power = 2.0 ** k
+        if info.tiny <= power <= info.max:
+            out += [step(power, 0.0), step(power, math.inf)]
+    out.append(step(info.max, 0.0))
+    finite = [v for v in out if math.isfinite(v)]
+    return tuple(_unique(v for value in finite for v in (value, -value)))
+
+
+def _next_float(dtype: torch.dtype, value: float, towards: float) -> float:
+    """The ``dtype`` value next to ``value`` in the direction of ``towards``."""
+    return float(torch.nextafter(torch.tensor(value, dtype=dtype), torch.tensor(towards, dtype=dtype)))
+
+
+def _one_of_values(values: Sequence[Any], low: float, high: float) -> SearchStrategy[Any]:
+    """One of ``values`` that lie in ``[low, high]``, in order of preference."""
+    kept = [v for v in _unique(values) if low <= v <= high]
+    return st.sampled_from(kept) if kept else st.nothing()
+
+
+def _small_floats(info: torch.finfo, low: float, high: float) -> SearchStrategy[float]:
+    """Values close to 0 but not 0, log-uniform in magnitude between the smallest normal and
+    0.1, of either sign: where ``1 + x``, ``exp(x) - 1`` and friends lose digits."""
+    top = min(0.1, max(abs(low), abs(high)))
+    signs = [s for s in (1.0, -1.0) if (high >= info.tiny if s > 0 else low <= -info.tiny)]
+    if top <= info.tiny or not signs:
+        return st.nothing()
+    exponents = st.floats(math.log10(info.tiny), math.log10(top))
+    values = st.tuples(exponents, st.sampled_from(signs)).map(lambda t: t[1] * 10.0 ** t[0])
+    return values.filter(lambda v: low <= v <= high)
+
+
+def _int_elements(dtype: torch.dtype, lo: float | None, hi: float | None) -> SearchStrategy[int]:
+    info = torch.iinfo(dtype)
+    low = info.min if lo is None else max(info.min, math.ceil(lo))
+    high = info.max if hi is None else min(info.max, math.floor(hi))
+    if low > high:
+        raise ValueError(f"no {dtype} value lies between min_value={lo!r} and max_value={hi!r}.")
+    # 2**24 + 1 and 2**53 + 1 are the first integers that float32 and float64 cannot hold
+    extreme = [info.max, info.min, 2**24 + 1, -(2**24 + 1), 2**53 + 1, -(2**53 + 1)]
+    moderate = st.integers(max(low, -10), min(high, 10)) if low <= 10 and high >= -10 else st.nothing()
+    return st.one_of(_one_of_values([0, 1, -1, 2, -2, low, high], low, high), _one_of_values(extreme, low, high),
+                     moderate, st.integers(low, high))
+
+
+def elements(dtype: torch.dtype, *, min_value: float | None = None, max_value: float | None = None,
+             special_values: bool = True) -> SearchStrategy[Any]:
+    """Python numbers that fit ``dtype``. Floats are drawn evenly from seven groups: simple values
+    (``0``, ``±1``, ``-0.0``, ``0.5``, ``±2``, ``±eps/2`` (lost when added to 1), the bounds),
+    extremes (``±max``, ``±`` the smallest normal, ``±`` the smallest subnormal), non-finite
+    values, small values (smallest normal to ``0.1``, either sign), moderate values in
+    ``[-10, 10]``, any value in range, and values one ulp around powers of two and around 0
+    (:func:`ulp_neighbours`). Integers from four: simple values, extremes (``max``, ``min``,
+    ``±(2**24 + 1)`` and ``±(2**53 + 1)``, which float32 and float64 cannot hold), ``[-10, 10]``
+    and the range.
+    ``min_value`` / ``max_value`` bound the finite values; ``special_values`` adds ``nan``,
+    ``inf`` and ``-inf`` (floating dtypes only).
+
+    >>> from hypothesis import find
+    >>> find(elements(torch.float32), lambda v: v != v)
+    nan
+    """
+    if dtype == torch.bool:
+        return st.booleans()
+    if dtype.is_floating_point:
+        return _float_elements(dtype, min_value, max_value, special_values)
+    if dtype.is_complex:
+        raise ValueError(f"{dtype}: complex tensors are not drawn yet; pass real dtypes.")
+    return _int_elements(dtype, min_value, max_value)
+
+
+# -- shapes and tensors ---------------------------------------------------------------------------
+
+
+def tensor_shapes(*, min_rank: int = 0, max_rank: int = 4, min_side: int = 1,
+                  max_side: int = 3) -> SearchStrategy[tuple[int, ...]]:
+    """Shapes with ``min_rank..max_rank`` dimensions of ``min_side..max_side`` elements each;
+    they shrink towards fewer and smaller dimensions.
+
+    >>> from hypothesis import find
+    >>> find(tensor_shapes(min_rank=2), lambda s: True)
+    (1, 1)
+    """
+    return st.lists(st.integers(min_side, max_side), min_size=min_rank, max_size=max_rank).map(tuple)
+
+
+def _as_strategy(value: Any, *, name: str, kind: type | tuple[type, ...]) -> SearchStrategy[Any]:
+    if isinstance(value, SearchStrategy):
+        return value
+    if isinstance(value, kind):
+        return st.just(value)
+    values = tuple(value)
+    if not values:
+        raise ValueError(f"{name}: give at least one value.")
+    return st.sampled_from(values)
+
+
+def _build_tensor(values: list[Any], shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype).reshape(shape)
+
+
+@st.composite
+def _tensors(draw: Any, dtypes: SearchStrategy[torch.dtype], shapes: SearchStrategy[tuple[int, ...]],
+             bounds: tuple[float | None, float | None], special_values: bool) -> torch.Tensor:
+    dtype = draw(dtypes)
+    shape = tuple(draw(shapes))
+    size = math.prod(shape)
+    lo, hi = bounds
+    values = draw(_value_lists(dtype, size, lo, hi, special_values))
+    return _build_tensor(values, shape, dtype)
+
+
+#: At most this many distinct values are drawn per tensor; larger tensors repeat them.
+MAX_DISTINCT_VALUES = 32
+
+
+@functools.lru_cache(maxsize=1024)
+def _value_lists(dtype: torch.dtype, size: int, lo: float | None, hi: float | None,
+                 special: bool) -> SearchStrategy[list[Any]]:
+    """``size`` values: a drawn list of values, repeated or cut to ``size``. Its length does not
+    depend on the shape, so the shrinker can drop values and dimensions independently:
+    ``[0.0, inf]`` shrinks to ``[inf, inf]`` and then, one dimension less, to ``inf``."""
+    drawn = st.lists(elements(dtype, min_value=lo, max_value=hi, special_values=special),
+                     min_size=1, max_size=MAX_DISTINCT_VALUES)
+    if not dtype.is_floating_point and dtype != torch.bool:
+        drawn = st.one_of(_mask_lists(dtype, lo, hi), drawn)
+    elif dtype.is_floating_point:  # a third of float tensors hold small whole numbers only
+        drawn = st.one_of(drawn, drawn, _tame_lists(lo, hi))
+    if not (special and dtype.is_floating_point):
+        return drawn.map(lambda values: _cycle(values, size))
+    # one integer says whether and what to plant (with a boolean and a sampled value, or a
+    # sampled value alone, the derandomized search went 100 examples without planting nan)
+    planted = st.tuples(drawn, st.integers(0, 5), st.integers(0, MAX_DISTINCT_VALUES - 1))
+    return planted.map(lambda t: _plant(_cycle(t[0], size), _PLANTED[t[1]], t[2]))
+
+
+def _mask_lists(dtype: torch.dtype, lo: float | None, hi: float | None) -> SearchStrategy[list[int]]:
+    """Integer tensors whose every value is small and not negative (0 to 3): masks, counts and
+    indices, where ``x.bool()``, ``x * x == x`` or ``where(x, ...)`` tell 2 from 1."""
+    info = torch.iinfo(dtype)
+    low = max(0, info.min if lo is None else math.ceil(lo))
+    high = min(3, info.max if hi is None else math.floor(hi))
+    if low > high:
+        return st.nothing()
+    return st.lists(st.integers(low, high), min_size=1, max_size=MAX_DISTINCT_VALUES)
+
+
+def _tame_lists(lo: float | None, hi: float | None) -> SearchStrategy[list[float]]:
+    """Float tensors whose every value is a small whole number (-3 to 3): sums, broadcasts and
+    reductions stay finite and exact, so a difference cannot hide behind an overflow to inf or
+    a rounding error within the tolerance."""
+    low = -3 if lo is None else max(-3, math.ceil(lo))
+    high = 3 if hi is None else min(3, math.floor(hi))
+    if low > high:
+        return st.nothing()
+    return st.lists(st.integers(low, high).map(float), min_size=1, max_size=MAX_DISTINCT_VALUES)
+
+
+_PLANTED: tuple[float | None, ...] = (None, math.nan, None, math.inf, None, -math.inf)
+
+
+def _plant(values: list[Any], special: float | None, index: int) -> list[Any]:
+    """Put a non-finite value at one position (about every other float tensor gets one), so that
+    nan and inf reach every rule early, whatever else the search does; shrinks to no planting."""
+    if special is not None and values:
+        values[index % len(values)] = special
+    return values
+
+
+def _cycle(values: list[Any], size: int) -> list[Any]:
+    return [values[i % len(values)] for i in range(size)] if values else []
+
+
+def tensors(*, dtypes: torch.dtype | Sequence[torch.dtype] | SearchStrategy[torch.dtype] = DEFAULT_DTYPES,
+            shapes: Sequence[int] | SearchStrategy[tuple[int, ...]] | None = None,
+            min_value: float | None = None, max_value: float | None = None,
+            special_values: bool = True) -> SearchStrategy[torch.Tensor]:
+    """Contiguous CPU tensors, each element drawn by :func:`elements`.
+
+    ``dtypes`` is a dtype, a sequence (the first is the one shrinking prefers) or a strategy;
+    ``shapes`` a fixed shape, a strategy of shapes, or ``None`` for :func:`tensor_shapes`.
+
+    >>> from hypothesis import find
+    >>> t = find(tensors(dtypes=[torch.float32, torch.int64]), lambda t: t.numel() > 1 and bool(t.isinf().any()))
+    >>> t.shape, t.dtype, bool(t.isinf().any())
+    (torch.Size([2]), torch.float32, True)
+    """
+    dtype_strategy = _as_strategy(dtypes, name="dtypes", kind=torch.dtype)
+    if shapes is None:
+        shape_strategy = tensor_shapes()
+    elif isinstance(shapes, SearchStrategy):
+        shape_strategy = shapes
+    else:
+        shape_strategy = st.just(tuple(shapes))
+    return _tensors(dtype_strategy, shape_strategy, (min_value, max_value), special_values)
+
+
+def _non_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """The same values in a transposed memory layout."""
+    return t.transpose(-1, -2).contiguous().transpose(-1, -2)
