@@ -3,8 +3,8 @@
 :class:`InputPlan` holds the rule's parameters, its parsed domain and the (dtype, rank)
 configurations on which its pattern runs; :meth:`InputPlan.strategy` draws a dtype, module
 captures, the sides of a base shape, the tensors (shapes related to the base shape, dtypes,
-values) and the literal captures, in that order, and keeps only the draws :func:`accepts`
-(the pattern runs and every guard holds). The shrinker works on that order of draws: the
+values) and the literal captures, in that order, and keeps the draws that :func:`accepts`
+accepts (the pattern runs and every guard holds). The shrinker works on that order of draws: the
 minimal counterexamples the tests pin depend on it, so change it knowingly.
 """
 
