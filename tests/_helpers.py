@@ -38,8 +38,14 @@ def assert_rewrite_sound(original: Callable[..., Any], result: fxrewrite.Rewrite
     """The rewritten module's graph lints and the module computes what ``original`` computes on
     ``inputs`` (``torch.testing.assert_close``; ``tolerance`` is passed on: ``rtol``, ``atol``,
     ``equal_nan``). Each side gets its own copy of the tensor inputs, so an in-place op on one
-    side cannot change what the other side sees. Returns ``result``."""
+    side cannot change what the other side sees. When the target was an ExportedProgram, the
+    program's own graph is linted too. Returns ``result``.
+
+    ``original`` is the program before the rewrite, or any reference the result must match (a
+    deliberately inexact rule's expected function)."""
     result.module.graph.lint()
+    if result.exported_program is not None:
+        result.exported_program.graph_module.graph.lint()
     with torch.no_grad():
         actual = result.module(*_cloned(inputs))
         expected = original(*_cloned(inputs))

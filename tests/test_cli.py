@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import tomllib
 import torch
-from _helpers import write_source
+from _helpers import assert_rewrite_sound, write_source
 
 import fxrewrite
 import fxrewrite.target
@@ -175,7 +175,9 @@ def test_apply_all_shows_every_rule(project):
 def test_the_report_table_is_the_same_in_the_api_and_the_cli(project):
     code, out, _ = run("apply", "net.py:model", "--rules", "neg.fxr")
     target = fxrewrite.target.load_target("net.py:model")
-    report = fxrewrite.rewrite(target.model, fxrewrite.load_rules("neg.fxr")).report
+    result = fxrewrite.rewrite(target.model, fxrewrite.load_rules("neg.fxr"))
+    assert_rewrite_sound(target.model, result, *target.example_inputs)
+    report = result.report
     assert code == 0
     cli_rows = [line for line in out.splitlines()[1:3]]
     api_rows = str(report).splitlines()[:2]

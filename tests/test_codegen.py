@@ -12,6 +12,7 @@ import warnings
 import pytest
 import torch
 import torch.fx as fx
+from _helpers import assert_rewrite_sound
 
 from fxrewrite import Rule, TargetError, rewrite
 from fxrewrite.codegen import annotated_code, code_diff, forward_code, pickled_submodules, write_module
@@ -138,7 +139,9 @@ def test_forward_code_and_the_diff():
 
 def test_annotated_code_names_the_rule_above_the_lines_it_wrote():
     relu_relu = Rule.from_functions(lambda x: torch.relu(torch.relu(x)), lambda x: torch.relu(x), name="relu_relu")
-    after = rewrite(lambda a: torch.relu(torch.relu(a)) + 1, relu_relu).module
+    result = rewrite(lambda a: torch.relu(torch.relu(a)) + 1, relu_relu)
+    assert_rewrite_sound(lambda a: torch.relu(torch.relu(a)) + 1, result, torch.randn(3))
+    after = result.module
     code = annotated_code(after)
     lines = code.splitlines()
     rule_line = next(i for i, line in enumerate(lines) if "fxrewrite rule relu_relu" in line)

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from _helpers import assert_rewrite_sound
 from torch import fx, nn
 
 import fxrewrite
@@ -70,6 +71,7 @@ def test_conv_bn_folding_is_refused_in_training_mode():
     model = example.trained_model().train()
     result = example.fxrewrite.rewrite(model, example.conv_bn)
     assert result.report.applied["conv_bn"] == 0 and result.report.rejected["conv_bn"] == 5
+    assert_rewrite_sound(model, result, torch.randn(2, 3, 8, 8))  # batch statistics, as in training
 
 
 def test_conv_bn_folding_leaves_the_callers_model_intact():
@@ -78,11 +80,12 @@ def test_conv_bn_folding_leaves_the_callers_model_intact():
     before = ([name for name, _ in model.named_modules()], {k: v.clone() for k, v in model.state_dict().items()})
     x = torch.randn(1, 3, 8, 8)
     expected = model(x)
-    example.fxrewrite.rewrite(model, example.conv_bn)
+    result = example.fxrewrite.rewrite(model, example.conv_bn)
     assert [name for name, _ in model.named_modules()] == before[0]
     for k, v in model.state_dict().items():
         torch.testing.assert_close(v, before[1][k])
     torch.testing.assert_close(model(x), expected)
+    assert_rewrite_sound(model, result, x, rtol=1e-4, atol=1e-5)
 
 
 def test_gpt2_eager_attention_becomes_sdpa_through_export_in_every_layer():
@@ -217,6 +220,7 @@ def test_causal_rule_needs_shapes(ex03):
     model = ex03.gpt(layers=1, seq=16)
     result = fxrewrite.rewrite(model, ex03.CAUSAL_RULES)  # no example_inputs: the guard cannot see q's shape
     assert fired(result) == {} and result.report.rejected["causal_attention"] == 1
+    assert_rewrite_sound(model, result, ex03.tokens_for(model))
 
 
 def test_transformer_encoder_default_rules_remove_dropout_and_leave_attention(ex03, library):

@@ -16,6 +16,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
+from _helpers import assert_rewrite_sound
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.export.graph_signature import InputKind
 from torch.nn.modules import transformer
@@ -188,6 +189,7 @@ def test_replacement_nodes_carry_the_rule_as_provenance():
     result = rewrite(graph_at("export.module", model, inputs), SILU)
     (silu,) = made_by(result.module, "silu")
     assert "fxrewrite rule silu" in silu.meta["stack_trace"]
+    assert_rewrite_sound(model, result, *inputs)
 
 
 def test_replacement_in_a_traced_graph_stays_at_torch_level():
@@ -215,8 +217,9 @@ def test_rewriting_an_exported_module_leaves_it_untouched():
     model, inputs = Wrap(gated), (torch.randn(3, 4), torch.randn(3, 4))
     gm = graph_at("export.module", model, inputs)
     before = gm.code
-    rewrite(gm, SILU)
+    result = rewrite(gm, SILU)
     assert gm.code == before
+    assert_rewrite_sound(model, result, *inputs)
 
 
 # -- guards read metadata -----------------------------------------------------------------------
@@ -246,6 +249,7 @@ def test_guard_reads_shape_dtype_dim_device_from_an_exported_graph():
     result = rewrite(graph_at("export.module", Wrap(twice_relu), inputs), guard)  # no example_inputs needed
     assert result.report.applied == {"relu_relu": 1}
     assert seen == [EXPECTED_VIEW]
+    assert_rewrite_sound(twice_relu, result, *inputs)
 
 
 def test_guard_reads_shape_dtype_dim_device_from_a_traced_graph_given_example_inputs():
@@ -255,6 +259,7 @@ def test_guard_reads_shape_dtype_dim_device_from_a_traced_graph_given_example_in
     result = rewrite(graph_at("symbolic_trace", Wrap(twice_relu), inputs), guard, example_inputs=inputs)
     assert result.report.applied == {"relu_relu": 1}
     assert seen == [EXPECTED_VIEW]
+    assert_rewrite_sound(twice_relu, result, *inputs)
 
 
 @pytest.mark.parametrize("level", ["symbolic_trace", "export.module"])
@@ -274,6 +279,7 @@ def test_guard_on_a_traced_graph_without_metadata_refuses_and_says_to_pass_examp
     result = rewrite(gm, relu_relu(where=lambda m: m["x"].dtype == torch.float32))
     assert result.report.applied["relu_relu"] == 0
     assert "example_inputs=" in result.report.reasons["relu_relu"][0]
+    assert_rewrite_sound(twice_relu, result, torch.randn(2, 3))
 
 
 def test_replacement_outputs_keep_metadata_so_later_guards_can_read_it():
@@ -602,6 +608,7 @@ def test_rewritten_exported_encoder_has_fake_values_and_exports_again(encoder, e
     again = torch.export.export(result.module, (SRC,))
     with torch.no_grad():
         torch.testing.assert_close(again.module()(SRC), encoder(SRC), rtol=1e-4, atol=1e-5)
+    assert_rewrite_sound(encoder, result, SRC, rtol=1e-4, atol=1e-5)
 
 
 def test_dropout_rules_leave_a_training_encoder_alone_at_both_levels():
@@ -653,3 +660,4 @@ def test_rewrite_accepts_an_exported_program():
     model, inputs = Wrap(gated), (torch.randn(3, 4), torch.randn(3, 4))
     result = rewrite(torch.export.export(model, inputs), SILU)
     assert result.report.applied == {"silu": 1}
+    assert_rewrite_sound(model, result, *inputs)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from _helpers import assert_rewrite_sound
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.export import Dim, ExportedProgram
@@ -87,7 +88,8 @@ def test_rewrite_returns_an_exported_program_with_the_same_signature_and_state(m
 def test_a_functional_program_keeps_its_buffer_mutation_outputs(model, program):
     functional = program.run_decompositions()  # the in-place add_ becomes an output that writes the buffer
     assert functional.graph_signature.output_specs[0].kind == OutputKind.BUFFER_MUTATION
-    rewritten = fxrewrite.rewrite(functional, RuleSet([SILU, NEG_NEG])).exported_program
+    result = fxrewrite.rewrite(functional, RuleSet([SILU, NEG_NEG]))
+    rewritten = result.exported_program
     assert specs(rewritten) == specs(functional)
     assert rewritten.graph_signature.buffers_to_mutate == functional.graph_signature.buffers_to_mutate
     got, expected = run_fresh(rewritten, model, X)
@@ -97,16 +99,20 @@ def test_a_functional_program_keeps_its_buffer_mutation_outputs(model, program):
     module(X)
     module(X)
     torch.testing.assert_close(module.calls, calls + 2)  # the buffer is still written, once per call
+    assert_rewrite_sound(model, result, X)
 
 
-def test_the_original_program_is_left_untouched(program):
+def test_the_original_program_is_left_untouched(model, program):
     before = str(program.graph)
-    fxrewrite.rewrite(program, RuleSet([SILU, NEG_NEG]))
+    result = fxrewrite.rewrite(program, RuleSet([SILU, NEG_NEG]))
     assert str(program.graph) == before
+    assert_rewrite_sound(model, result, X)
 
 
-def test_new_nodes_carry_fake_values_of_the_shape_and_dtype_they_compute(program):
-    rewritten = fxrewrite.rewrite(program, SILU).exported_program
+def test_new_nodes_carry_fake_values_of_the_shape_and_dtype_they_compute(model, program):
+    result = fxrewrite.rewrite(program, SILU)
+    assert_rewrite_sound(model, result, X)
+    rewritten = result.exported_program
     (silu,) = [n for n in rewritten.graph.nodes if n.target is torch.ops.aten.silu.default]
     assert isinstance(silu.meta["val"], FakeTensor)
     assert silu.meta["val"].shape == (3, 6) and silu.meta["val"].dtype == torch.float32
@@ -123,7 +129,9 @@ def test_result_module_is_the_programs_module(model, program):
 
 
 def test_an_output_computed_by_a_new_node_is_named_in_the_signature(model, program):
-    rewritten = fxrewrite.rewrite(program, NEG_NEG).exported_program
+    result = fxrewrite.rewrite(program, NEG_NEG)
+    assert_rewrite_sound(model, result, X)
+    rewritten = result.exported_program
     output = next(n for n in rewritten.graph.nodes if n.op == "output")
     assert rewritten.graph_signature.user_outputs == tuple(v.name for v in output.args[0])
     assert "neg_1" not in rewritten.graph_signature.user_outputs  # the node that computed it is gone
@@ -132,7 +140,9 @@ def test_an_output_computed_by_a_new_node_is_named_in_the_signature(model, progr
 
 
 def test_rewritten_program_survives_run_decompositions(model, program):
-    rewritten = fxrewrite.rewrite(program, SILU).exported_program
+    result = fxrewrite.rewrite(program, SILU)
+    assert_rewrite_sound(model, result, X)
+    rewritten = result.exported_program
     decomposed = rewritten.run_decompositions()  # the default table decomposes aten.silu again
     got, expected = run_fresh(decomposed, model, X)
     torch.testing.assert_close(got, expected)
@@ -145,7 +155,9 @@ def test_rewritten_program_survives_run_decompositions(model, program):
 
 
 def test_rewritten_program_survives_save_and_load(model, program, tmp_path):
-    rewritten = fxrewrite.rewrite(program, RuleSet([SILU, NEG_NEG])).exported_program
+    result = fxrewrite.rewrite(program, RuleSet([SILU, NEG_NEG]))
+    assert_rewrite_sound(model, result, X)
+    rewritten = result.exported_program
     torch.export.save(rewritten, tmp_path / "block.pt2")
     loaded = torch.export.load(tmp_path / "block.pt2")
     assert specs(loaded) == specs(program)
@@ -160,7 +172,9 @@ def test_a_tensor_made_by_a_replacement_becomes_a_lifted_constant(tmp_path):
             return torch.relu(x + x)
 
     program = torch.export.export(Double(), (X,))
-    rewritten = fxrewrite.rewrite(program, TWICE).exported_program
+    result = fxrewrite.rewrite(program, TWICE)
+    assert_rewrite_sound(Double(), result, X)
+    rewritten = result.exported_program
     (spec,) = [s for s in rewritten.graph_signature.input_specs if s.kind == InputKind.CONSTANT_TENSOR]
     torch.testing.assert_close(rewritten.constants[spec.target], torch.tensor(2.0))
     assert not [n for n in rewritten.graph.nodes if n.op == "get_attr"]
@@ -171,18 +185,21 @@ def test_a_tensor_made_by_a_replacement_becomes_a_lifted_constant(tmp_path):
 
 def test_dynamic_shapes_and_range_constraints_are_kept(model):
     program = torch.export.export(model, (X,), dynamic_shapes=({0: Dim("batch", min=2, max=64)},))
-    rewritten = fxrewrite.rewrite(program, SILU).exported_program
+    result = fxrewrite.rewrite(program, SILU)
+    rewritten = result.exported_program
     assert rewritten.range_constraints == program.range_constraints
     (silu,) = [n for n in rewritten.graph.nodes if n.target is torch.ops.aten.silu.default]
     assert isinstance(silu.meta["val"].shape[0], torch.SymInt)
     bigger = torch.randn(17, 6)
     got, expected = run_fresh(rewritten, model, bigger)
     torch.testing.assert_close(got, expected)
+    assert_rewrite_sound(model, result, bigger)
 
 
-def test_check_inputs_works_on_an_exported_program(program):
+def test_check_inputs_works_on_an_exported_program(model, program):
     result = fxrewrite.rewrite(program, SILU, check_inputs=[(X,)])
     assert result.exported_program is not None and result.report.applied == {"silu": 1}
+    assert_rewrite_sound(model, result, X)
 
 
 def test_a_replacement_calling_a_module_is_refused_for_an_exported_program(program):
@@ -206,7 +223,9 @@ def test_inplace_and_example_inputs_are_refused_for_an_exported_program(program)
 @pytest.mark.slow
 def test_rewritten_program_compiles_with_aot_inductor(model, program, tmp_path):
     """About a minute on a busy 2-core CPU machine, hence slow."""
-    rewritten = fxrewrite.rewrite(program, RuleSet([SILU, NEG_NEG])).exported_program
+    result = fxrewrite.rewrite(program, RuleSet([SILU, NEG_NEG]))
+    assert_rewrite_sound(model, result, X)
+    rewritten = result.exported_program
     path = torch._inductor.aoti_compile_and_package(rewritten, package_path=str(tmp_path / "block.pt2"))
     runner = torch._inductor.aoti_load_package(path)
     expected_model = Block().eval()
@@ -253,6 +272,7 @@ def test_gpt2_eager_attention_becomes_sdpa_in_the_exported_program(tmp_path):
         torch.testing.assert_close(rewritten.module()(ids), expected, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(torch.export.load(tmp_path / "gpt2.pt2").module()(ids), expected,
                                    rtol=1e-4, atol=1e-5)
+    assert_rewrite_sound(model, result, ids, rtol=1e-4, atol=1e-5)
 
 
 class _Gate(nn.Module):
@@ -290,11 +310,14 @@ def test_values_at_preserved_module_boundaries_are_renamed_and_never_swallowed(t
     torch.testing.assert_close(rewritten.module()(X), model(X))
     torch.export.save(rewritten, tmp_path / "gated.pt2")
     torch.testing.assert_close(torch.export.load(tmp_path / "gated.pt2").module()(X), model(X))
+    assert_rewrite_sound(model, result, X)
 
 
 def test_rewritten_program_with_a_preserved_module_unflattens():
     model, program = _preserved_gate_program()
-    rewritten = fxrewrite.rewrite(program, SILU).exported_program
+    result = fxrewrite.rewrite(program, SILU)
+    assert_rewrite_sound(model, result, X)
+    rewritten = result.exported_program
     unflat = torch.export.unflatten(rewritten)
     torch.testing.assert_close(unflat(X), model(X))
 

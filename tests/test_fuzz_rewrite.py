@@ -35,7 +35,7 @@ import pytest
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
-from _helpers import standard_rules
+from _helpers import assert_rewrite_sound, standard_rules
 from hypothesis import HealthCheck, find, given, note, settings
 from hypothesis import strategies as st
 
@@ -712,6 +712,8 @@ def test_every_planted_pattern_is_matched_by_its_rule():
             with warnings.catch_warnings():  # shapes and dtypes known: strict and floating-only guards can decide
                 warnings.simplefilter("ignore")
                 result = fxrewrite.rewrite(gm, standard_rules(), example_inputs=inputs)
+            rtol, atol = tolerance(standard_rules(), result.report.applied)
+            assert_rewrite_sound(gm, result, *inputs, rtol=rtol, atol=atol, equal_nan=True)
             fired = fired or result.report.rewrites > 0
         assert fired, f"no rule of the standard library rewrote the planted pattern {name!r}"
 

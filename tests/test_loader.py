@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _helpers import assert_consistent, traced_net, write_source
+from _helpers import assert_consistent, assert_rewrite_sound, traced_net, write_source
 
 import fxrewrite
 from fxrewrite import RuleDefinitionError, RuleLoadError, RuleSet, RuleSyntaxError, loader, rewrite
@@ -77,6 +77,7 @@ def test_names_are_handed_to_every_fxr_file(tmp_path):
     rules = load_rules(tmp_path, names={"ident": lambda t: t})
     result = rewrite(lambda a: torch.relu(torch.relu(torch.neg(torch.neg(a)))), rules)
     assert result.report.applied == {"a": 1, "b": 1}
+    assert_rewrite_sound(lambda a: torch.relu(torch.relu(torch.neg(torch.neg(a)))), result, torch.randn(3))
 
 
 def test_load_rules_without_a_path_loads_the_standard_library(monkeypatch):

@@ -6,7 +6,7 @@ import re
 
 import pytest
 import torch
-from _helpers import assert_consistent, traced_net
+from _helpers import assert_consistent, assert_rewrite_sound, traced_net
 from _helpers import neg_neg as neg_neg_rule
 
 import fxrewrite
@@ -196,6 +196,7 @@ def test_rules_are_accepted_as_rule_ruleset_or_iterable():
     for rules in (r, RuleSet([r]), [r], (r for r in [r])):
         result = fxrewrite.rewrite(lambda a: torch.neg(torch.neg(a)), rules)
         assert result.report.applied == {"neg_neg": 1}
+        assert_rewrite_sound(lambda a: torch.neg(torch.neg(a)), result, torch.randn(3))
 
 
 def test_pattern_without_replacement_is_a_clear_error():

@@ -19,6 +19,7 @@ import attrs
 import pytest
 import torch
 import torch.nn.functional as F
+from _helpers import assert_rewrite_sound
 from torch import nn
 
 import fxrewrite
@@ -383,6 +384,7 @@ def test_floating_only_rules_never_fire_on_inputs_of_unknown_dtype():
         result = rewrite(program, LIBRARY[name])
         assert result.report.applied[name] == 0, name
         assert "example_inputs=" in result.report.reasons[name][0], result.report.reasons[name]
+        assert_rewrite_sound(program, result, *case.inputs())
 
 
 def test_a_float_only_rule_refuses_an_integer_input_that_it_would_get_wrong():
@@ -393,7 +395,7 @@ def test_a_float_only_rule_refuses_an_integer_input_that_it_would_get_wrong():
     for example_inputs in (None, (x, y)):
         result = rewrite(f, LIBRARY["add_neg"], example_inputs=example_inputs)
         assert result.report.applied["add_neg"] == 0
-        torch.testing.assert_close(result.module(x, y), f(x, y))
+        assert_rewrite_sound(f, result, x, y)
 
 
 def test_rules_needing_shapes_do_not_fire_without_them():
@@ -401,14 +403,17 @@ def test_rules_needing_shapes_do_not_fire_without_them():
     assert strict, "some rules need shape metadata"
     for name in strict:
         case = CASES[name]
-        result = rewrite(case.model(), LIBRARY[name])
+        program = case.model()
+        result = rewrite(program, LIBRARY[name])
         assert result.report.applied[name] == 0, name
+        assert_rewrite_sound(program, result, *case.inputs())
 
 
 def test_bias_folding_leaves_a_residual_add_alone():
     model = WithParams(lambda m, x: F.linear(x, m.w) + x, w=randn(4, 4))
     result = rewrite(model, LIBRARY["linear_add_bias"], example_inputs=(randn(2, 3, 4),))
     assert result.report.applied["linear_add_bias"] == 0
+    assert_rewrite_sound(model, result, randn(2, 3, 4))
 
 
 def test_masked_attention_leaves_a_mask_that_enlarges_the_scores_alone():
@@ -418,12 +423,14 @@ def test_masked_attention_leaves_a_mask_that_enlarges_the_scores_alone():
     inputs = (randn(5, 8), randn(5, 8), randn(5, 8), randn(3, 5, 5))
     result = rewrite(f, LIBRARY["attention_masked"], example_inputs=inputs)
     assert result.report.applied["attention_masked"] == 0
+    assert_rewrite_sound(f, result, *inputs)
 
 
 def test_batch_norm_is_not_folded_in_training_mode():
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).train()
     result = rewrite(model, LIBRARY["conv_bn_fold"])
     assert result.report.applied["conv_bn_fold"] == 0
+    assert_rewrite_sound(model, result, randn(2, 3, 8, 8))  # batch statistics, as in training
 
 
 @pytest.mark.parametrize("conv, bn, shape", [
@@ -445,12 +452,13 @@ def test_conv_bn_fold_handles_every_convolution(conv, bn, shape):
     result = rewrite(model, LIBRARY["conv_bn_fold"])
     assert result.report.applied["conv_bn_fold"] == 1
     assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in result.module.modules())
-    torch.testing.assert_close(run(result.module, (x,)), run(model, (x,)), rtol=1e-4, atol=1e-5)
+    assert_rewrite_sound(model, result, x, rtol=1e-4, atol=1e-5)
 
 
 def test_permutes_that_cancel_leave_the_input():
     result = rewrite(lambda x: x.permute(0, 2, 3, 1).permute(0, 3, 1, 2), LIBRARY["permute_permute_4d"])
     assert "permute" not in result.code
+    assert_rewrite_sound(lambda x: x.permute(0, 2, 3, 1).permute(0, 3, 1, 2), result, randn(2, 3, 4, 5))
 
 
 # ---- spellings: the whole library brings each spelling to the one a rule matches -----------------
@@ -494,7 +502,7 @@ def test_reduction_rules_match_other_spellings_of_dim(name):
     x = randn(3, 5)
     result = rewrite(f, LIBRARY[name], example_inputs=(x,))
     assert result.report.applied[name] == 1
-    torch.testing.assert_close(run(result.module, (x,)), run(f, (x,)), **tolerance([LIBRARY[name]]))
+    assert_rewrite_sound(f, result, x, **tolerance([LIBRARY[name]]))
 
 
 # ---- the whole library on small models --------------------------------------------------------------
@@ -606,7 +614,9 @@ def test_whole_library_keeps_model_outputs(model_name, with_shapes):
 
 def test_whole_library_fuses_the_transformer_block():
     model, inputs = transformer_case()
-    code = rewrite(model, LIBRARY, example_inputs=inputs).code
+    result = rewrite(model, LIBRARY, example_inputs=inputs)
+    assert_rewrite_sound(model, result, *inputs, **tolerance(LIBRARY))
+    code = result.code
     for fused in ("scaled_dot_product_attention", "layer_norm", "rms_norm", "gelu", "log_softmax"):
         assert fused in code, fused
     for gone in ("torch.softmax(", "functional.softmax(", "torch.tanh", "rsqrt", ".var(", "dropout"):
@@ -616,6 +626,7 @@ def test_whole_library_fuses_the_transformer_block():
 def test_whole_library_folds_every_batch_norm_of_the_convnet():
     model, inputs = convnet_case()
     result = rewrite(model, LIBRARY, example_inputs=inputs)
+    assert_rewrite_sound(model, result, *inputs, **tolerance(LIBRARY))
     assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in result.module.modules())
     assert "permute" not in result.code and "hardswish" in result.code and "silu" in result.code
 
@@ -626,6 +637,7 @@ def test_whole_library_converges_to_a_fixed_point(model_name):
     first = rewrite(model, LIBRARY, example_inputs=inputs)  # raises DidNotConverge if rules loop
     again = rewrite(first.module, LIBRARY, example_inputs=inputs)
     assert again.report.rewrites == 0, {n: c for n, c in again.report.applied.items() if c}
+    assert_rewrite_sound(model, again, *inputs, **tolerance(LIBRARY))
 
 
 def test_whole_library_converges_on_every_rule_case():

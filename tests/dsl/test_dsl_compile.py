@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from _helpers import assert_rewrite_sound
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 from fxrewrite import RewriteError, Rule, RuleSet, rewrite
@@ -210,8 +211,10 @@ def test_where_conditions_read_module_and_literal_captures():
             return self.lin(x) * 2.0
 
     (rule,) = parse_rules(text)
-    result = rewrite(M(), rule)
+    model = M()
+    result = rewrite(model, rule)
     assert result.report.applied["r"] == 1
+    assert_rewrite_sound(model, result, torch.randn(4, 5))
 
 
 def test_use_line_makes_an_alias_of_an_allowed_path():

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 
 import pytest
 import torch
+from _helpers import assert_rewrite_sound
 
 from fxrewrite import RuleDefinitionError, rewrite
 from fxrewrite.dsl import ast, parse_rules
@@ -179,8 +180,9 @@ def test_lets_used_only_by_the_pattern_are_not_evaluated_in_the_replacement():
     text = "rule r:\n    let p = torch.neg(x)\n    let q = spy(x)\n    torch.neg(p) => q\n"
     (rule,) = parse_rules(text, names={"spy": spy})
     assert calls == []
-    rewrite(lambda t: torch.neg(torch.neg(t)), rule)
+    result = rewrite(lambda t: torch.neg(torch.neg(t)), rule)
     assert len(calls) == 1
+    assert_rewrite_sound(lambda t: torch.neg(torch.neg(t)), result, torch.randn(3))
 
 
 @pytest.mark.parametrize("let, expected", [

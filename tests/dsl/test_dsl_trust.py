@@ -11,10 +11,11 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
+from _helpers import assert_rewrite_sound
 
 from fxrewrite import RuleDefinitionError, rewrite
-from fxrewrite.dsl import parse_rules
 from fxrewrite.dsl import compile as dsl_compile
+from fxrewrite.dsl import parse_rules
 from fxrewrite.dsl import scope as dsl_scope
 
 
@@ -141,6 +142,7 @@ def test_names_given_by_the_caller_are_trusted_except_for_private_attributes():
     (rule,) = parse_rules("rule r:\n    torch.neg(torch.neg(x)) => lib.load(x)\n", names={"lib": lib})
     result = rewrite(lambda a: torch.neg(torch.neg(a)), rule)
     assert result.report.applied["r"] == 1
+    assert_rewrite_sound(lambda a: torch.neg(torch.neg(a)), result, torch.randn(3))
     assert "starts with '_'" in refused("rule r:\n    torch.neg(x) => lib._hidden(x)\n", names={"lib": lib})
 
 
