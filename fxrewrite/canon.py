@@ -28,6 +28,7 @@ by its arguments as written.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import operator
@@ -897,10 +898,13 @@ def lined_up_arguments(pn: Node, gn: Node, canonical: bool = True
     :func:`canonical_arguments`); without it (torch.fx's rule) only calls of an ATen
     ``OpOverload`` are, so ``aten.sum.dim_IntList(x, [1])`` and ``(x, [1], False)`` compare equal.
     """
-    same_layout = len(pn.args) == len(gn.args) and pn.kwargs.keys() == gn.kwargs.keys()
+    p_args, p_kwargs, g_args, g_kwargs = pn.args, pn.kwargs, gn.args, gn.kwargs
+    same_layout = len(p_args) == len(g_args) and p_kwargs.keys() == g_kwargs.keys()
     if same_layout and (pn.target == gn.target or not canonical or pn.op in ("call_module", "get_attr")):
-        names = (*(f"#{i}" for i in range(len(pn.args))), *pn.kwargs)
-        return names, (*pn.args, *pn.kwargs.values()), (*gn.args, *(gn.kwargs[k] for k in pn.kwargs))
+        if not p_kwargs:
+            return _positional_names(len(p_args)), p_args, g_args
+        names = (*_positional_names(len(p_args)), *p_kwargs)
+        return names, (*p_args, *p_kwargs.values()), (*g_args, *(g_kwargs[k] for k in p_kwargs))
     if canonical and pn.op in ("call_function", "call_method"):
         p_named = canonical_arguments(pn.op, pn.target, pn.args, pn.kwargs)
         g_named = canonical_arguments(gn.op, gn.target, gn.args, gn.kwargs)
@@ -912,6 +916,12 @@ def lined_up_arguments(pn: Node, gn: Node, canonical: bool = True
         names = tuple(a.name for a in schema)
         return names, _by_schema(schema, pn.args, pn.kwargs), _by_schema(schema, gn.args, gn.kwargs)
     return None
+
+
+@functools.lru_cache(maxsize=64)
+def _positional_names(count: int) -> tuple[str, ...]:
+    """``("#0", "#1", ...)``: how positional arguments are named when calls line up as written."""
+    return tuple(f"#{i}" for i in range(count))
 
 
 def _by_schema(schema: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:

@@ -217,11 +217,12 @@ class _Search:
         self.folded_nodes: list[Node] = []
 
     # -- bookkeeping -------------------------------------------------------------------------
-    def fail(self, pn: Any, gv: Any, reason: str) -> None:
+    def fail(self, pn: Any, gv: Any, reason: Callable[[], str]) -> None:
         """Remember why the search failed where it got furthest (the closest miss; on a tie, the
-        first failure, i.e. the operand order as written)."""
+        first failure, i.e. the operand order as written). ``reason`` is only called then: the
+        driver, which asks no reasons, does not pay for formatting them."""
         if self.record and (self.failure is None or len(self.p2g) > self.failure.progress):
-            self.failure = Rejection(pn, gv, reason, len(self.p2g))
+            self.failure = Rejection(pn, gv, reason(), len(self.p2g))
 
     def bind(self, pn: Node, gv: Any) -> None:
         self.p2g[pn] = gv
@@ -236,20 +237,105 @@ class _Search:
                 del self.used[gv]
 
     # -- structural matching -----------------------------------------------------------------
+    # Each check below decides one step and records why it failed; the generators (which explore
+    # alternatives) and the straight walk (for patterns without any: see Pattern.choice_free)
+    # both take their decisions from them.
+
+    def literal_agrees(self, pv: Any, gv: Any, name: str | None) -> bool:
+        """A pattern constant against a graph argument."""
+        if isinstance(gv, Node):
+            self.fail(pv, gv, lambda: f"{_argument(name)}expected the constant {pv!r}, found the value of node "
+                                      f"'{gv.name}'")
+            return False
+        if self.options.ignore_literals or same_literal(pv, gv):
+            return True
+        self.fail(pv, gv, lambda: f"{_argument(name) or 'literal '}differs: pattern has {pv!r}, graph has {gv!r}")
+        return False
+
+    def same_length(self, pv: Any, gv: Any, name: str | None) -> bool:
+        """A pattern list or tuple against a graph argument."""
+        if isinstance(gv, (list, tuple)) and len(gv) == len(pv):
+            return True
+        self.fail(pv, gv, lambda: f"{_argument(name)}expected a sequence of {len(pv)} values, found {gv!r}")
+        return False
+
+    def agrees_with_binding(self, pn: Node, bound: Any, gv: Any) -> bool:
+        """A pattern node met again: the graph value must be the one it already bound."""
+        if bound is gv or (not isinstance(gv, Node) and not isinstance(bound, Node) and same_literal(bound, gv)):
+            return True
+        self.fail(pn, gv, lambda: f"'{pn.name}' is already bound to {_show(bound)}, here it would be {_show(gv)}")
+        return False
+
+    def variable_value(self, pn: Node, param: Param, gv: Any) -> Any:
+        """What the variable ``param`` binds for the graph value ``gv`` (a dtype capture binds the
+        dtype a node computes), or ``_MISSING`` when it cannot bind it."""
+        if param.kind == "module":
+            if isinstance(gv, str):
+                return gv
+            return self.refuse(pn, gv, lambda: f"module capture '{param.name}' can only bind a submodule path, not "
+                                               f"{_show(gv)}")
+        if param.kind == "literal" and param.annotation is torch.dtype and isinstance(gv, Node):
+            known = _known_dtype(gv)  # a dtype the graph computes (x.to(y.dtype)), known from its metadata
+            if known is not None:
+                return known
+            return self.refuse(pn, gv, lambda: f"'{param.name}' is a dtype capture; node '{gv.name}' computes no "
+                                               f"known dtype")
+        if isinstance(gv, Node):
+            if param.kind != "tensor" or (self.options.injective and gv in self.used):
+                return self.refuse(pn, gv, lambda: f"'{param.name}' is a {param.kind} capture and cannot bind node "
+                                                   f"'{gv.name}'")
+            if not self.options.variables_bind_literals and result_kind(gv) not in ("tensor", "unknown"):
+                return self.refuse(pn, gv, lambda: f"'{param.name}' is a tensor variable; node '{gv.name}' computes "
+                                                   f"a Python value")
+            return gv
+        if param.accepts_literal(gv) or (param.kind == "tensor" and self.options.variables_bind_literals):
+            return gv
+        return self.refuse(pn, gv, lambda: f"'{param.name}' cannot bind the constant {gv!r} (annotate it, e.g. "
+                                           f"'{param.name}: float')")
+
+    def refuse(self, pn: Node, gv: Any, reason: Callable[[], str]) -> Any:
+        """:meth:`fail`, then ``_MISSING`` (nothing to bind)."""
+        self.fail(pn, gv, reason)
+        return _MISSING
+
+    def folds(self, pn: Node, gv: Any) -> bool:
+        """Does the pattern's size or dtype expression ``pn`` stand where the graph holds something
+        else than the same operation (a folded constant)?"""
+        return pn in self.pattern.value_nodes and self.options.canonical and (
+            not isinstance(gv, Node) or op_key_of(gv.op, gv.target) != op_key_of(pn.op, pn.target))
+
+    def operation_arguments(self, pn: Node, gv: Any) -> LinedUp | None:
+        """The arguments of the pattern operation ``pn`` and the graph node ``gv`` lined up, when
+        ``gv`` computes the same operation; else ``None``."""
+        if not isinstance(gv, Node):
+            self.fail(pn, gv, lambda: f"expected an operation ({pn.format_node()}), found the constant {gv!r}")
+            return None
+        canonical = self.options.canonical
+        if op_key_of(gv.op, gv.target, canonical) != op_key_of(pn.op, pn.target, canonical):
+            self.fail(pn, gv, lambda: f"op differs: pattern has {_op_name(pn)}, graph has {_op_name(gv)}")
+            return None
+        if self.options.injective and gv in self.used:
+            self.fail(pn, gv, lambda: f"graph node '{gv.name}' is already matched by another pattern node")
+            return None
+        values = lined_up_arguments(pn, gv, canonical)
+        if values is None:
+            self.fail(pn, gv, lambda: f"arguments differ: pattern {_arity(pn)}, graph {_arity(gv)}")
+            return None
+        if pn.op == "get_attr" and not _same_attribute_kind(pn, gv):
+            self.fail(pn, gv, lambda: f"attribute '{gv.target}' is not a {type(_attribute(pn)).__name__} like the "
+                                      f"pattern's '{pn.target}'")
+            return None
+        return values
+
+    # -- the backtracking search ---------------------------------------------------------------
     def value(self, pv: Any, gv: Any, name: str | None = None) -> Iterator[None]:
         if isinstance(pv, Node):
             yield from self.node(pv, gv)
         elif isinstance(pv, (list, tuple)):
-            if isinstance(gv, (list, tuple)) and len(gv) == len(pv):
+            if self.same_length(pv, gv, name):
                 yield from self.sequence(pv, gv, 0)
-            else:
-                self.fail(pv, gv, f"{_argument(name)}expected a sequence of {len(pv)} values, found {gv!r}")
-        elif isinstance(gv, Node):
-            self.fail(pv, gv, f"{_argument(name)}expected the constant {pv!r}, found the value of node '{gv.name}'")
-        elif self.options.ignore_literals or same_literal(pv, gv):
+        elif self.literal_agrees(pv, gv, name):
             yield
-        else:
-            self.fail(pv, gv, f"{_argument(name) or 'literal '}differs: pattern has {pv!r}, graph has {gv!r}")
 
     def sequence(self, pvs: Any, gvs: Any, i: int, names: tuple[str, ...] | None = None) -> Iterator[None]:
         if i == len(pvs):
@@ -261,10 +347,8 @@ class _Search:
     def node(self, pn: Node, gv: Any) -> Iterator[None]:
         bound = self.p2g.get(pn, _MISSING)
         if bound is not _MISSING:
-            if bound is gv or (not isinstance(gv, Node) and not isinstance(bound, Node) and same_literal(bound, gv)):
+            if self.agrees_with_binding(pn, bound, gv):
                 yield
-            else:
-                self.fail(pn, gv, f"'{pn.name}' is already bound to {_show(bound)}, here it would be {_show(gv)}")
             return
         param = self.pattern.param_of.get(pn)
         if param is not None:
@@ -273,52 +357,19 @@ class _Search:
             yield from self.operation(pn, gv)
 
     def variable(self, pn: Node, param: Param, gv: Any) -> Iterator[None]:
-        if param.kind == "module":
-            ok = isinstance(gv, str)
-            reason = f"module capture '{param.name}' can only bind a submodule path, not {_show(gv)}"
-        elif param.kind == "literal" and param.annotation is torch.dtype and isinstance(gv, Node):
-            known = _known_dtype(gv)  # a dtype the graph computes (x.to(y.dtype)), known from its metadata
-            if known is not None:
-                gv, ok = known, True
-            else:
-                ok, reason = False, f"'{param.name}' is a dtype capture; node '{gv.name}' computes no known dtype"
-        elif isinstance(gv, Node):
-            ok = param.kind == "tensor" and not (self.options.injective and gv in self.used)
-            reason = f"'{param.name}' is a {param.kind} capture and cannot bind node '{gv.name}'"
-            if ok and not self.options.variables_bind_literals and result_kind(gv) not in ("tensor", "unknown"):
-                ok, reason = False, f"'{param.name}' is a tensor variable; node '{gv.name}' computes a Python value"
-        else:
-            ok = param.accepts_literal(gv) or (param.kind == "tensor" and self.options.variables_bind_literals)
-            reason = f"'{param.name}' cannot bind the constant {gv!r} (annotate it, e.g. '{param.name}: float')"
-        if not ok:
-            self.fail(pn, gv, reason)
+        value = self.variable_value(pn, param, gv)
+        if value is _MISSING:
             return
-        self.bind(pn, gv)
+        self.bind(pn, value)
         yield
         self.unbind(pn)
 
     def operation(self, pn: Node, gv: Any) -> Iterator[None]:
-        if pn in self.pattern.value_nodes and self.options.canonical and (
-                not isinstance(gv, Node) or op_key_of(gv.op, gv.target) != op_key_of(pn.op, pn.target)):
+        if self.folds(pn, gv):
             yield from self.folded(pn, gv)
             return
-        if not isinstance(gv, Node):
-            self.fail(pn, gv, f"expected an operation ({pn.format_node()}), found the constant {gv!r}")
-            return
-        canonical = self.options.canonical
-        if op_key_of(gv.op, gv.target, canonical) != op_key_of(pn.op, pn.target, canonical):
-            self.fail(pn, gv, f"op differs: pattern has {_op_name(pn)}, graph has {_op_name(gv)}")
-            return
-        if self.options.injective and gv in self.used:
-            self.fail(pn, gv, f"graph node '{gv.name}' is already matched by another pattern node")
-            return
-        values = lined_up_arguments(pn, gv, canonical)
+        values = self.operation_arguments(pn, gv)
         if values is None:
-            self.fail(pn, gv, f"arguments differ: pattern {_arity(pn)}, graph {_arity(gv)}")
-            return
-        if pn.op == "get_attr" and not _same_attribute_kind(pn, gv):
-            self.fail(pn, gv, f"attribute '{gv.target}' is not a {type(_attribute(pn)).__name__} like the pattern's "
-                              f"'{pn.target}'")
             return
         self.bind(pn, gv)
         if pn.op == "call_module":
@@ -327,16 +378,46 @@ class _Search:
             yield from self.arguments(pn, gv, values)
         self.unbind(pn)
 
+    # -- the straight walk (patterns without alternatives) -------------------------------------
+    def straight_node(self, pn: Node, gv: Any) -> bool:
+        """Match ``pn`` at ``gv`` without backtracking, leaving the bindings in place: for
+        patterns where every step has at most one way to succeed (:attr:`Pattern.choice_free`),
+        it binds exactly what the first solution of :meth:`node` binds, without a generator per
+        step."""
+        bound = self.p2g.get(pn, _MISSING)
+        if bound is not _MISSING:
+            return self.agrees_with_binding(pn, bound, gv)
+        param = self.pattern.param_of.get(pn)
+        if param is not None:
+            value = self.variable_value(pn, param, gv)
+            if value is _MISSING:
+                return False
+            self.bind(pn, value)
+            return True
+        values = self.operation_arguments(pn, gv)
+        if values is None:
+            return False
+        self.bind(pn, gv)
+        names, p_values, g_values = values
+        return all(self.straight_value(p, g, name) for name, p, g in zip(names, p_values, g_values))
+
+    def straight_value(self, pv: Any, gv: Any, name: str | None) -> bool:
+        if isinstance(pv, Node):
+            return self.straight_node(pv, gv)
+        if isinstance(pv, (list, tuple)):
+            return self.same_length(pv, gv, name) and all(self.straight_value(p, g, None) for p, g in zip(pv, gv))
+        return self.literal_agrees(pv, gv, name)
+
     def folded(self, pn: Node, gv: Any) -> Iterator[None]:
         """A pattern expression of the bound values' sizes or dtypes (``q.size(-1)``) where the
         graph holds a constant (torch.export folds sizes): bind it now, compare the values once
         the whole match is known (:func:`_folded_refusal`)."""
         if isinstance(gv, Node) and result_kind(gv) != "value":
-            self.fail(pn, gv, f"expected a Python value ({pn.format_node()}), found node '{gv.name}' computing "
-                              f"{result_kind(gv)}")
+            self.fail(pn, gv, lambda: f"expected a Python value ({pn.format_node()}), found node '{gv.name}' computing "
+                                      f"{result_kind(gv)}")
             return
         if not isinstance(gv, (Node, bool, int, float, torch.dtype, torch.SymInt, torch.SymFloat)):
-            self.fail(pn, gv, f"expected a Python value ({pn.format_node()}), found the constant {gv!r}")
+            self.fail(pn, gv, lambda: f"expected a Python value ({pn.format_node()}), found the constant {gv!r}")
             return
         self.bind(pn, gv)
         self.folded_nodes.append(pn)
@@ -352,14 +433,15 @@ class _Search:
             if gn.target == pn.target:
                 yield from self.arguments(pn, gn, values)
             else:
-                self.fail(pn, gn, f"module differs: pattern calls '{pn.target}', graph calls '{gn.target}'")
+                self.fail(pn, gn, lambda: f"module differs: pattern calls '{pn.target}', graph calls '{gn.target}'")
             return
         if not isinstance(module, param.annotation):
-            self.fail(pn, gn, f"module '{gn.target}' is a {type(module).__name__}, not a {param.annotation.__name__}")
+            self.fail(pn, gn, lambda: f"module '{gn.target}' is a {type(module).__name__}, not a "
+                                      f"{param.annotation.__name__}")
             return
         problem = module_refusal(module, param)
         if problem is not None:
-            self.fail(pn, gn, f"module '{gn.target}' {problem}")
+            self.fail(pn, gn, lambda: f"module '{gn.target}' {problem}")
             return
         assert capture is not None  # a module capture always has its placeholder
         for _ in self.node(capture, gn.target):
@@ -422,6 +504,12 @@ def match_at(pattern: Pattern, anchor: Node, owner: torch.nn.Module | None, *,
     if modules is None:
         modules = dict(owner.named_modules()) if owner is not None and pattern.module_captures else {}
     search = _Search(pattern, modules, options, candidates, record=on_reject is not None)
+    if pattern.choice_free and on_reject is None:  # one way to match at most: no search needed
+        if search.straight_node(pattern.anchor, anchor):
+            match, _ = _sound_match(pattern, search.p2g, anchor, modules)
+            if match is not None:
+                yield match
+        return
     extend = search.remaining_outputs if pattern.is_multi_output else _once
     for _ in search.node(pattern.anchor, anchor):
         for _ in extend():

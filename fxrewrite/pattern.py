@@ -104,6 +104,10 @@ class Pattern:
     #: Pattern nodes computing Python values from the bound tensors' metadata (``q.size(-1)``,
     #: ``math.sqrt(q.size(-1))``, ``v.dtype``): a graph may hold them folded to a constant.
     value_nodes: frozenset[Node] = frozenset()
+    #: At most one way to match at a given anchor: one output, no commutative operation (two
+    #: operand orders), no size expression (matched as written or as a folded constant), no module
+    #: call. The matcher walks such patterns without backtracking.
+    choice_free: bool = False
 
     @property
     def is_multi_output(self) -> bool:
@@ -216,6 +220,8 @@ def pattern_from_graph(graph: fx.Graph, params: tuple[Param, ...] | None = None,
     _check_nodes(graph, param_of, outputs, where, fx_style)
     anchor = outputs[-1] if len(outputs) == 1 else max(outputs, key=_position_in(graph))
     value_nodes = _value_nodes(graph)
+    inner_nodes = tuple(n for n in graph.nodes if n.op in _INNER_OPS)
+    commutative = frozenset(n for n in inner_nodes if is_commutative_call(n.op, n.target, n.args, n.kwargs))
     return Pattern(
         graph=graph,
         params=params,
@@ -224,14 +230,14 @@ def pattern_from_graph(graph: fx.Graph, params: tuple[Param, ...] | None = None,
         anchor=anchor,
         anchor_key=op_key_of(anchor.op, anchor.target),
         param_of=param_of,
-        commutative=frozenset(
-            n for n in graph.nodes if n.op in _INNER_OPS and is_commutative_call(n.op, n.target, n.args, n.kwargs)
-        ),
+        commutative=commutative,
         depth=_depth(graph),
-        inner_nodes=tuple(n for n in graph.nodes if n.op in _INNER_OPS),
+        inner_nodes=inner_nodes,
         anchor_input_keys=frozenset(op_key_of(a.op, a.target) for a in anchor.all_input_nodes
                                     if a.op in _INNER_OPS and a not in value_nodes),  # values may be folded
         value_nodes=value_nodes,
+        choice_free=(len(outputs) == 1 and not commutative and not value_nodes
+                     and all(n.op != "call_module" for n in inner_nodes)),
     )
 
 

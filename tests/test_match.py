@@ -106,3 +106,44 @@ def test_checks_export_adds_go_with_the_match():
     (m,) = match_at(pattern, anchor, gm)
     checks = [n for n in m.nodes if n.target is torch.ops.aten._assert_tensor_metadata.default]
     assert checks and all(c.args[0] in m.nodes for c in checks)
+
+
+def _every_match(pattern, gm, *, searched: bool):
+    """Every match of ``pattern`` in ``gm``: by the backtracking search (asking for rejections
+    forces it) or as the driver asks (choice-free patterns take the straight walk)."""
+    on_reject = (lambda rejection: None) if searched else None
+    found = []
+    for node in gm.graph.nodes:
+        for m in match_at(pattern, node, gm, on_reject=on_reject):
+            found.append((node.name, sorted((k, str(v)) for k, v in m.bindings.items()),
+                          [n.name for n in m.nodes], [n.name for n in m.outputs]))
+    return found
+
+
+def test_the_straight_walk_finds_what_the_search_finds_for_every_shipped_rule_on_every_shipped_case():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from test_stdlib import CASES, LIBRARY
+
+    from fxrewrite.meta import propagate_inputs
+    from fxrewrite.target import to_graph_module
+
+    straight = 0
+    for case_name, case in sorted(CASES.items()):
+        program = case.model()
+        gm = to_graph_module(program, inplace=False)
+        propagate_inputs(gm, case.inputs())
+        for rule in LIBRARY:
+            expected = _every_match(rule.compiled, gm, searched=True)
+            assert _every_match(rule.compiled, gm, searched=False) == expected, (case_name, rule.name)
+            straight += rule.compiled.choice_free and bool(expected)
+    assert straight > 40  # the walk was taken, and found matches, for many rules
+
+
+def test_a_pattern_with_alternatives_is_not_walked_straight():
+    assert pattern_of(lambda x: torch.relu(torch.neg(x))).choice_free
+    assert not pattern_of(lambda x, y: torch.relu(x + y)).choice_free  # two operand orders
+    assert not pattern_of(lambda x: (torch.relu(x), torch.neg(x))).choice_free  # two outputs
+    assert not pattern_of(lambda q: q / q.size(-1)).choice_free  # the size may be folded
