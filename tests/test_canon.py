@@ -22,22 +22,30 @@ Y = torch.randn(3, 4)
 # pattern spelling, graph spellings: each graph spelling must be matched by the pattern.
 SPELLINGS = [
     ("add", lambda x, y: torch.add(x, y), [lambda a, b: a + b, lambda a, b: a.add(b), lambda a, b: torch.add(a, b)]),
-    ("sub", lambda x, y: x - y, [lambda a, b: torch.sub(a, b), lambda a, b: torch.subtract(a, b), lambda a, b: a.sub(b)]),
-    ("mul", lambda x, y: x * y, [lambda a, b: torch.mul(a, b), lambda a, b: torch.multiply(a, b), lambda a, b: a.mul(b)]),
-    ("div", lambda x, y: x / y, [lambda a, b: torch.div(a, b), lambda a, b: torch.true_divide(a, b), lambda a, b: a.div(b)]),
+    ("sub", lambda x, y: x - y,
+     [lambda a, b: torch.sub(a, b), lambda a, b: torch.subtract(a, b), lambda a, b: a.sub(b)]),
+    ("mul", lambda x, y: x * y,
+     [lambda a, b: torch.mul(a, b), lambda a, b: torch.multiply(a, b), lambda a, b: a.mul(b)]),
+    ("div", lambda x, y: x / y,
+     [lambda a, b: torch.div(a, b), lambda a, b: torch.true_divide(a, b), lambda a, b: a.div(b)]),
     ("matmul", lambda x, y: x @ y.transpose(0, 1),
      [lambda a, b: torch.matmul(a, b.transpose(0, 1)), lambda a, b: a.matmul(torch.transpose(b, 0, 1))]),
-    ("neg", lambda x, y: -x + y, [lambda a, b: torch.neg(a) + b, lambda a, b: torch.negative(a) + b, lambda a, b: b + a.neg()]),
-    ("sigmoid", lambda x, y: torch.sigmoid(x) * y, [lambda a, b: torch.special.expit(a) * b, lambda a, b: a.sigmoid() * b]),
+    ("neg", lambda x, y: -x + y,
+     [lambda a, b: torch.neg(a) + b, lambda a, b: torch.negative(a) + b, lambda a, b: b + a.neg()]),
+    ("sigmoid", lambda x, y: torch.sigmoid(x) * y,
+     [lambda a, b: torch.special.expit(a) * b, lambda a, b: a.sigmoid() * b]),
     ("relu", lambda x, y: torch.relu(x) + y, [lambda a, b: F.relu(a) + b, lambda a, b: a.relu() + b]),
     ("sum", lambda x, y: torch.sum(x, dim=1) + y.sum(1),
      [lambda a, b: torch.sum(a, 1) + torch.sum(b, dim=1), lambda a, b: a.sum(dim=1) + b.sum(1)]),
     ("softmax", lambda x, y: torch.softmax(x, dim=-1) * y,
      [lambda a, b: F.softmax(a, dim=-1) * b, lambda a, b: a.softmax(-1) * b, lambda a, b: torch.softmax(a, -1) * b]),
     ("transpose", lambda x, y: x.transpose(0, 1) @ y, [lambda a, b: torch.transpose(a, 0, 1) @ b]),
-    ("permute", lambda x, y: x.permute(1, 0) @ y, [lambda a, b: a.permute([1, 0]) @ b, lambda a, b: torch.permute(a, (1, 0)) @ b]),
-    ("reshape", lambda x, y: x.reshape(4, 3) @ y, [lambda a, b: torch.reshape(a, (4, 3)) @ b, lambda a, b: a.reshape([4, 3]) @ b]),
-    ("clamp", lambda x, y: torch.clamp(x, min=0.0) + y, [lambda a, b: torch.clip(a, 0.0) + b, lambda a, b: a.clamp(0.0) + b]),
+    ("permute", lambda x, y: x.permute(1, 0) @ y,
+     [lambda a, b: a.permute([1, 0]) @ b, lambda a, b: torch.permute(a, (1, 0)) @ b]),
+    ("reshape", lambda x, y: x.reshape(4, 3) @ y,
+     [lambda a, b: torch.reshape(a, (4, 3)) @ b, lambda a, b: a.reshape([4, 3]) @ b]),
+    ("clamp", lambda x, y: torch.clamp(x, min=0.0) + y,
+     [lambda a, b: torch.clip(a, 0.0) + b, lambda a, b: a.clamp(0.0) + b]),
     ("gt", lambda x, y: torch.where(x > y, x, y),
      [lambda a, b: torch.where(torch.gt(a, b), a, b), lambda a, b: torch.where(torch.greater(a, b), a, b)]),
 ]
@@ -81,7 +89,8 @@ def test_keyword_positional_and_default_arguments_compare_by_meaning():
         result = rewrite(f, sum_dim1, example_inputs=(X,))
         assert result.report.applied["sum1"] == 1, f
         assert_rewrite_sound(f, result, X)
-    for f in (lambda a: a.sum(1, keepdim=True), lambda a: a.sum(0), lambda a: a.sum(), lambda a: a.sum(1, dtype=torch.float64)):
+    for f in (lambda a: a.sum(1, keepdim=True), lambda a: a.sum(0), lambda a: a.sum(),
+              lambda a: a.sum(1, dtype=torch.float64)):
         assert rewrite(f, sum_dim1, example_inputs=(X,)).report.applied["sum1"] == 0, f
 
 
@@ -137,8 +146,10 @@ def test_commutative_table_entry_is_true(name, data):
     shape_a = data.draw(st.sampled_from([(3,), (2, 3), (1, 3)]))
     shape_b = data.draw(st.sampled_from([(3,), (2, 1), (1,)]))
     dtype = torch.int32 if integer else torch.float32
-    a = torch.tensor(data.draw(st.lists(values, min_size=_numel(shape_a), max_size=_numel(shape_a))), dtype=dtype).reshape(shape_a)
-    b = torch.tensor(data.draw(st.lists(values, min_size=_numel(shape_b), max_size=_numel(shape_b))), dtype=dtype).reshape(shape_b)
+    a = torch.tensor(data.draw(st.lists(values, min_size=_numel(shape_a), max_size=_numel(shape_a))),
+                     dtype=dtype).reshape(shape_a)
+    b = torch.tensor(data.draw(st.lists(values, min_size=_numel(shape_b), max_size=_numel(shape_b))),
+                     dtype=dtype).reshape(shape_b)
     torch.testing.assert_close(op(a, b), op(b, a), equal_nan=True)
 
 
@@ -206,7 +217,8 @@ FAMILIES = {
     "contiguous may alias": (lambda g, x, y: g.call_method("contiguous", (x,)), "tensor", True, None),
     "float() may alias": (lambda g, x, y: g.call_method("float", (x,)), "tensor", True, None),
     "to(dtype) may alias": (lambda g, x, y: g.call_method("to", (x, torch.float32)), "tensor", True, None),
-    "_to_copy copies": (lambda g, x, y: g.call_function(torch.ops.aten._to_copy.default, (x,), {"dtype": torch.float16}),
+    "_to_copy copies": (lambda g, x, y: g.call_function(torch.ops.aten._to_copy.default, (x,),
+                                                        {"dtype": torch.float16}),
                         "tensor", False, None),
     "swapaxes": (lambda g, x, y: g.call_method("swapaxes", (x, 0, 1)), "tensor", True, None),
     "moveaxis": (lambda g, x, y: g.call_function(torch.moveaxis, (x, 0, 1)), "tensor", True, None),

@@ -129,7 +129,7 @@ def rows(out: str) -> dict[str, list[str]]:
     table = {}
     for line in out.splitlines():
         cells = line.split()
-        if len(cells) == 5 and cells[1:4] and all(c.isdigit() for c in cells[1:4]) or cells[:2] == ["rule", "fired"]:
+        if (len(cells) == 5 and cells[1:4] and all(c.isdigit() for c in cells[1:4])) or cells[:2] == ["rule", "fired"]:
             table[cells[0]] = cells[1:]
     return table
 
@@ -450,7 +450,7 @@ def cli_files(tmp_path, monkeypatch):
     (["list", "nowhere", "rules.fxr"], ["no such rule file or directory: 'nowhere'"]),
 ])
 def test_cli_errors_exit_2_with_the_message_on_stderr(cli_files, argv, fragments):
-    code, out, err = run(*argv)
+    code, _, err = run(*argv)
     assert code == 2
     assert err.startswith(f"fxrewrite {argv[0]}: error: ")
     for fragment in fragments:
@@ -473,7 +473,7 @@ def test_cli_applies_rules_to_a_good_target(cli_files):
                                   ["apply", "models.py:Fine", "--rules", "rules.fxr", "--rules", "rules.fxr"]])
 def test_cli_given_the_same_rule_file_twice_loads_it_once(cli_files, argv):
     (cli_files / "bad.fxr").unlink()
-    code, out, err = run(*argv)
+    code, _, err = run(*argv)
     assert (code, err) == (0, "")
 
 

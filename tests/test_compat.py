@@ -1251,7 +1251,7 @@ def _both_raise(target: Any, pattern: Any, replacement: Any, **kwargs: Any) -> t
     fx_gm, our_gm = copy.deepcopy(original), copy.deepcopy(original)
     with pytest.raises(Exception):  # noqa: B017 - torch.fx raises AssertionError or RuntimeError
         fx_rewriter.replace_pattern_with_filters(fx_gm, pattern, replacement, **kwargs)
-    with pytest.raises(Exception) as ours:  # noqa: B017
+    with pytest.raises(Exception) as ours:
         fxrewrite.replace_pattern_with_filters(our_gm, pattern, replacement, **kwargs)
     return ours.value, original, our_gm
 
@@ -1364,7 +1364,7 @@ class CallCounter:
     def __init__(self) -> None:
         self.calls = 0
 
-    def _profile(self, frame, event, arg):  # noqa: ANN001
+    def _profile(self, frame, event, arg):
         if event in ("call", "c_call"):
             self.calls += 1
 

@@ -282,7 +282,7 @@ def test_find_matches_reads_shapes_from_an_exported_graph():
     gm = torch.export.export(M(), (torch.randn(2, 8),)).module()
     wide = rule(lambda x: torch.relu(torch.relu(x)), lambda x: torch.relu(x), "wide",
                 where=lambda m: m["x"].shape[-1] >= 8)
-    ((r, match),) = find_matches(gm, wide)
+    ((_, match),) = find_matches(gm, wide)
     assert match.anchor.target is torch.ops.aten.relu.default
     assert match["x"].shape == (2, 8)
 

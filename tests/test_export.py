@@ -144,7 +144,7 @@ def test_exported_graph_spells_ops_as_aten_overloads_the_rule_never_mentions():
     gm = graph_at("export.module", model, inputs)
     targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
     assert {torch.ops.aten.sigmoid.default, torch.ops.aten.mul.Tensor} <= targets
-    ((rule, match),) = find_matches(gm, SILU)
+    ((_, match),) = find_matches(gm, SILU)
     assert match.anchor.target is torch.ops.aten.mul.Tensor and match.node("x").name == "a"
 
 

@@ -686,7 +686,7 @@ def test_fuzz_rewrite_long(capsys):
 @settings(max_examples=20, derandomize=True, **FUZZ_SETTINGS)
 @given(st.data())
 def test_random_graphs_are_valid_and_run(data):
-    gm, inputs, steps = random_graph(data.draw)
+    gm, inputs, _ = random_graph(data.draw)
     gm.graph.lint()
     assert all(n.users or n.op == "output" for n in gm.graph.nodes if n.op != "placeholder")
     out = run(gm, inputs)

@@ -6,9 +6,9 @@ import logging
 
 import pytest
 import torch
+import torch.nn.modules.module as module_globals
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-import torch.nn.modules.module as module_globals
 
 import fxrewrite
 from fxrewrite import isolation
@@ -83,11 +83,10 @@ def test_a_block_that_changes_nothing_restores_nothing():
 
 
 def test_the_state_is_restored_when_the_block_raises_and_the_error_propagates():
-    with pytest.raises(ZeroDivisionError):
-        with torch_state_preserved():
-            torch.set_default_device("meta")
-            torch.set_grad_enabled(False)
-            1 / 0  # noqa: B018
+    with pytest.raises(ZeroDivisionError), torch_state_preserved():
+        torch.set_default_device("meta")
+        torch.set_grad_enabled(False)
+        1 / 0  # noqa: B018
     assert torch.ones(1).device.type == "cpu" and torch.is_grad_enabled()
 
 
@@ -142,9 +141,8 @@ def test_a_state_that_cannot_be_restored_is_reported_not_raised(monkeypatch, cap
 
     broken = isolation._Item("grad mode", torch.is_grad_enabled, refuse)
     monkeypatch.setattr(isolation, "_items", lambda: (broken,))
-    with caplog.at_level(logging.WARNING, logger="fxrewrite.isolation"):
-        with torch_state_preserved() as changes:
-            torch.set_grad_enabled(False)
+    with caplog.at_level(logging.WARNING, logger="fxrewrite.isolation"), torch_state_preserved() as changes:
+        torch.set_grad_enabled(False)
     torch.set_grad_enabled(True)
     assert changes.failed == (("grad mode", "RuntimeError: cannot set it"),)
     assert "could not restore grad mode" in caplog.text

@@ -290,7 +290,8 @@ def test_import_file_puts_the_files_directory_on_sys_path_only_while_it_runs(tmp
     assert sys.path == path_before
 
 
-@pytest.mark.parametrize("body, error", [("raise KeyError('k')\n", KeyError), ("import sys\nsys.exit(3)\n", SystemExit)])
+@pytest.mark.parametrize("body, error", [("raise KeyError('k')\n", KeyError),
+                                         ("import sys\nsys.exit(3)\n", SystemExit)])
 def test_import_file_lets_the_error_through_and_leaves_no_module(tmp_path, body, error):
     bad = write(tmp_path / "bad.py", body)
     modules_before = set(sys.modules)
@@ -374,9 +375,9 @@ def test_python_rule_file_that_exits_is_a_load_error_and_leaves_no_trace(tmp_pat
     path = write_source(tmp_path / "script.py", source)
     before = _import_state()
     try:
-        with pytest.raises(RuleLoadError, match="failed to import: SystemExit"):
-            with contextlib.redirect_stderr(io.StringIO()):
-                fxrewrite.load_rules(path)
+        with (pytest.raises(RuleLoadError, match="failed to import: SystemExit"),
+              contextlib.redirect_stderr(io.StringIO())):
+            fxrewrite.load_rules(path)
     finally:
         leaked = _import_state()
         for name in leaked[1] - before[1]:
@@ -415,7 +416,7 @@ def test_empty_directory_and_directory_of_skipped_files_are_load_errors(tmp_path
     write_source(tmp_path / ".hidden" / "b.fxr", "rule b:\n    torch.neg(torch.neg(x)) => x\n")
     write_source(tmp_path / "__init__.py", "")
     write_source(tmp_path / "notes.txt", "rule c:\n")
-    with pytest.raises(RuleLoadError, match="put rules in .fxr or .py files there"):
+    with pytest.raises(RuleLoadError, match=r"put rules in .fxr or .py files there"):
         fxrewrite.load_rules(tmp_path)
 
 

@@ -59,7 +59,7 @@ def test_nodes_whose_inputs_have_no_values_are_left_alone():
 
 
 def test_example_inputs_that_do_not_fit_are_a_rewrite_error():
-    model, gm = traced_net()
+    _, gm = traced_net()
     before = graph_state(gm)
     with pytest.raises(RewriteError, match="could not propagate shapes with the given example_inputs"):
         rewrite(gm, neg_neg(lambda x: x), example_inputs=(torch.randn(3, 5),))
@@ -68,7 +68,7 @@ def test_example_inputs_that_do_not_fit_are_a_rewrite_error():
 
 @pytest.mark.filterwarnings("ignore::fxrewrite.RuleWarning")  # neg_neg(lambda x: None) ignores x
 def test_example_inputs_are_not_modified_by_a_failing_rewrite():
-    model, gm = traced_net()
+    _, gm = traced_net()
     x = X.clone()
     with pytest.raises(RewriteError):
         rewrite(gm, neg_neg(lambda x: None), example_inputs=(x,))

@@ -79,7 +79,8 @@ def test_a_pattern_that_changes_global_state_leaves_no_trace():
     (lambda x: sum(t for t in x), ["Proxy object cannot be iterated", "cannot branch or loop"]),
     (lambda x: x.view(len(x), -1), ["'len' is not supported in symbolic tracing", "torch.fx.wrap"]),
     (lambda x: x * int(x), ["TypeError: int() argument must be", "torch operations on its parameters only"]),
-    (lambda x: [x[i] for i in range(x.size(0))][0], ["'Proxy' object cannot be interpreted as an integer"]),
+    # RUF015's next(...) would be another pattern: this one must build the list to fail the way it does
+    (lambda x: [x[i] for i in range(x.size(0))][0], ["'Proxy' object cannot be interpreted as an integer"]),  # noqa: RUF015
     (lambda x: x + torch.ones(3), ["tensor constant", "Pass the value as a parameter instead"]),
     (lambda x: torch.relu(x).add_(1), ["in-place method '.add_()'", "patterns must be pure"]),
     (lambda x: x + torch.rand_like(x), ["has a side effect"]),

@@ -41,7 +41,7 @@ def test_decorator_form_builds_a_rule_named_after_the_pattern():
         return torch.neg(torch.neg(x))
 
     @double_neg.replacement
-    def double_neg(x):  # noqa: F811 - the decorator form rebinds the name to the Rule
+    def double_neg(x):  # the decorator form rebinds the name to the Rule
         return x
 
     assert isinstance(double_neg, Rule) and double_neg.name == "double_neg"
@@ -53,7 +53,7 @@ def test_decorator_with_options_passes_them_to_the_rule():
         return torch.relu(torch.relu(x))
 
     @relu_relu.replacement
-    def relu_relu(x):  # noqa: F811
+    def relu_relu(x):
         return torch.relu(x)
 
     assert relu_relu.priority == 5 and len(relu_relu.where) == 1
@@ -204,7 +204,9 @@ def test_pattern_without_replacement_is_a_clear_error():
     def unfinished(x):
         return torch.relu(x)
 
-    with pytest.raises(RuleDefinitionError, match=r"awaiting its replacement: decorate the replacement function with @unfinished.replacement"):
+    with pytest.raises(RuleDefinitionError,
+                       match=r"awaiting its replacement: decorate the replacement function with "
+                             r"@unfinished.replacement"):
         fxrewrite.rewrite(lambda a: torch.relu(a), unfinished)
 
 
@@ -223,7 +225,8 @@ def test_replacement_ignoring_a_bound_tensor_warns_with_origin():
     def pattern(x, y):
         return x + y * 0
 
-    with pytest.warns(fxrewrite.RuleWarning, match=r"rule 'pattern' \(.*test_rule.py:\d+\): the replacement ignores 'y'"):
+    with pytest.warns(fxrewrite.RuleWarning,
+                      match=r"rule 'pattern' \(.*test_rule.py:\d+\): the replacement ignores 'y'"):
         Rule.from_functions(pattern, lambda x, y: x)
 
 
@@ -251,8 +254,8 @@ def test_impure_patterns_are_refused(pattern, problem):
 def test_duplicate_rule_names_in_a_rule_set_name_both_places():
     first = neg_neg_rule(lambda x: x, name="same")
     second = Rule.from_functions(lambda x: torch.abs(torch.abs(x)), lambda x: torch.abs(x), name="same")
-    with pytest.raises(RuleDefinitionError, match="two rules are named 'same': one at .*_helpers.py:\\d+, "
-                                                  "one at .*test_rule.py:\\d+; rename one of them"):
+    with pytest.raises(RuleDefinitionError, match=r"two rules are named 'same': one at .*_helpers.py:\d+, "
+                                                  r"one at .*test_rule.py:\d+; rename one of them"):
         fxrewrite.RuleSet([first, second])
     with pytest.raises(RuleDefinitionError, match="two rules are named 'same'"):
         rewrite(lambda a: a, [first, second])
@@ -288,7 +291,8 @@ def test_pattern_without_replacement_and_non_rules_are_refused():
     def half(x):
         return torch.neg(torch.neg(x))
 
-    with pytest.raises(RuleDefinitionError, match=r"awaiting its replacement: decorate the replacement function with @half.replacement"):
+    with pytest.raises(RuleDefinitionError,
+                       match=r"awaiting its replacement: decorate the replacement function with @half.replacement"):
         rewrite(lambda a: a, half)
     with pytest.raises(RuleDefinitionError, match="RuleSet takes Rule objects, got 'neg_neg' \\(str\\)"):
         rewrite(lambda a: a, ["neg_neg"])

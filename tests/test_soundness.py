@@ -239,7 +239,7 @@ def test_an_output_that_was_the_input_stays_the_input():
     assert_rewrite_sound(lambda a: (torch.neg(torch.neg(a)), a), result, x)
 
 
-# ---- 7. example inputs never change real tensors ----------------------------------------------------------------------
+# ---- 7. example inputs never change real tensors ---------------------------------------------------------------------
 
 class Counting(nn.Module):
     def __init__(self):
@@ -262,7 +262,7 @@ def test_propagating_example_inputs_leaves_the_callers_buffers_alone():
     assert "add_" in result.code  # the buffer update is part of the program, not run while tracing
 
 
-# ---- 8. threads -------------------------------------------------------------------------------------------------------
+# ---- 8. threads ------------------------------------------------------------------------------------------------------
 
 class WithLinear(nn.Module):
     def __init__(self):
@@ -287,14 +287,14 @@ def test_concurrent_rewrites_and_forwards_in_other_threads_stay_correct():
                 result = rewrite(model, NEG_NEG)
                 result.module.graph.lint()
                 torch.testing.assert_close(result.module(x), model(x))
-        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+        except BaseException as exc:  # reported by the main thread
             errors.append(exc)
 
     def forwarding():
         try:
             while not stop.is_set():
                 torch.testing.assert_close(bystander(x), expected)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:  # reported by the main thread
             errors.append(exc)
 
     workers = [threading.Thread(target=rewriting) for _ in range(4)]
@@ -310,7 +310,7 @@ def test_concurrent_rewrites_and_forwards_in_other_threads_stay_correct():
     assert nn.Module.__call__ is nn.Module._wrapped_call_impl  # nothing left behind
 
 
-# ---- 10. constants no op can take -------------------------------------------------------------------------------------
+# ---- 10. constants no op can take ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("inplace", [False, True])
 def test_a_replacement_computing_a_gigantic_int_is_refused_and_nothing_changes(inplace):
@@ -326,7 +326,7 @@ def test_a_replacement_computing_a_gigantic_int_is_refused_and_nothing_changes(i
     torch.testing.assert_close(gm(torch.ones(2)), torch.full((2,), 2.0))
 
 
-# ---- issue 14's example: a product of sizes is not a tensor ---------------------------------------------------------------
+# ---- issue 14's example: a product of sizes is not a tensor ----------------------------------------------------------
 
 def test_a_tensor_rule_never_binds_a_product_of_sizes():
     rule = Rule.from_functions(lambda x, y: x * y, lambda x, y: torch.addcmul(torch.zeros_like(x), x, y), name="mul")
@@ -341,7 +341,7 @@ def test_a_tensor_rule_never_binds_a_product_of_sizes():
     torch.testing.assert_close(result.module(a), fn(a))
 
 
-# ---- issue 13's run-time part: a rule that reproduces its own pattern ---------------------------------------------------
+# ---- issue 13's run-time part: a rule that reproduces its own pattern ------------------------------------------------
 
 def test_a_rule_that_rewrites_a_spelling_into_itself_fires_once_per_place_and_settles():
     rule = Rule.from_functions(lambda x: F.relu(x, inplace=False), lambda x: torch.relu(x), name="spelling")
@@ -360,11 +360,11 @@ def test_a_rule_that_rewrites_a_spelling_into_itself_fires_once_per_place_and_se
 def test_rules_that_undo_each_other_still_do_not_converge():
     double = Rule.from_functions(lambda x: x * 2, lambda x: x + x, name="double")
     halve = Rule.from_functions(lambda x: x + x, lambda x: x * 2, name="halve")
-    with pytest.raises(fxrewrite.DidNotConverge, match="double|halve"):
+    with pytest.raises(fxrewrite.DidNotConverge, match=r"double|halve"):
         rewrite(lambda t: t * 2, [double, halve])
 
 
-# ---- 11. a replacement's refusal is not the user's error -----------------------------------------------------------------
+# ---- 11. a replacement's refusal is not the user's error -------------------------------------------------------------
 
 def test_a_replacement_that_refuses_a_match_leaves_it_and_the_rewrite_goes_on():
     def replacement(x):

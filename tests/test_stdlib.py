@@ -126,7 +126,8 @@ def softmax_max(x):
 
 
 def softmax_max_values(x):
-    return torch.exp(x - x.max(-1, keepdim=True).values) / torch.exp(x - x.max(-1, keepdim=True).values).sum(-1, keepdim=True)
+    return (torch.exp(x - x.max(-1, keepdim=True).values)
+            / torch.exp(x - x.max(-1, keepdim=True).values).sum(-1, keepdim=True))
 
 
 def softmax_naive(x):
@@ -244,7 +245,8 @@ CASES: dict[str, Case] = {
     # ---- fusion.py / fusion.fxr
     "conv_bn_fold": module(lambda: nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), trained_bn(nn.BatchNorm2d(4))),
                            x_(2, 3, 8, 8)),
-    "linear_bn_fold": module(lambda: nn.Sequential(nn.Linear(5, 4), trained_bn(nn.BatchNorm1d(4))), x_(3, 5), shapes=True),
+    "linear_bn_fold": module(lambda: nn.Sequential(nn.Linear(5, 4), trained_bn(nn.BatchNorm1d(4))), x_(3, 5),
+                             shapes=True),
     "linear_add_bias": params(lambda m, x: F.linear(x, m.w) + m.b, x_(2, 3, 5), shapes=True, w=randn(4, 5), b=randn(4)),
     "matmul_add_bias": params(lambda m, x: m.b + x @ m.w.t(), x_(3, 5), shapes=True, w=randn(4, 5), b=randn(4)),
     "linear_layer_add_bias": module(lambda: LinearPlusBias(), x_(2, 5), shapes=True),
@@ -515,7 +517,8 @@ class Block(nn.Module):
         super().__init__()
         self.heads = heads
         self.ln1_w, self.ln1_b = nn.Parameter(torch.rand(dim) + 0.5), nn.Parameter(torch.randn(dim) * 0.1)
-        self.qkv_w, self.qkv_b = nn.Parameter(torch.randn(3 * dim, dim) / dim ** 0.5), nn.Parameter(torch.randn(3 * dim))
+        self.qkv_w = nn.Parameter(torch.randn(3 * dim, dim) / dim ** 0.5)
+        self.qkv_b = nn.Parameter(torch.randn(3 * dim))
         self.proj = nn.Linear(dim, dim)
         self.attn_drop = nn.Dropout(0.1)
         self.ln2_w, self.ln2_b = nn.Parameter(torch.rand(dim) + 0.5), nn.Parameter(torch.randn(dim) * 0.1)
@@ -548,7 +551,7 @@ class Block(nn.Module):
 
 
 class SmallConvNet(nn.Module):
-    """Conv–BN blocks, hand-written activations, a layout round trip and a linear–BN head."""
+    """Conv-BN blocks, hand-written activations, a layout round trip and a linear-BN head."""
 
     def __init__(self) -> None:
         super().__init__()

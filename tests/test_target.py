@@ -64,7 +64,7 @@ def test_a_target_file_that_raises_leaves_no_module_behind(tmp_path):
     bad = tmp_path / "bad_target.py"
     bad.write_text("raise RuntimeError('broken on purpose')\n")
     modules_before = set(sys.modules)
-    with pytest.raises(TargetError, match="cannot import .*bad_target.py.*RuntimeError: broken on purpose"):
+    with pytest.raises(TargetError, match=r"cannot import .*bad_target.py.*RuntimeError: broken on purpose"):
         load_target(f"{bad}:model")
     assert not {m for m in set(sys.modules) - modules_before if "bad_target" in m}
 
@@ -184,6 +184,6 @@ def test_untraceable_target_is_a_rewrite_error_and_the_module_is_untouched():
 def test_inplace_needs_a_graph_module_and_leaves_the_module_alone():
     model = StatefulNet().eval()
     before = module_state(model)
-    with pytest.raises(RewriteError, match="inplace=True needs a torch.fx.GraphModule, got StatefulNet"):
+    with pytest.raises(RewriteError, match=r"inplace=True needs a torch.fx.GraphModule, got StatefulNet"):
         rewrite(model, neg_neg(lambda x: x), inplace=True)
     assert_same_state(before, module_state(model))

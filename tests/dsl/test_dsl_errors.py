@@ -39,12 +39,15 @@ def definition_error(text: str, **kwargs) -> str:
     ("rule a:\n    torch.relu(x) => x\n    where x.stride() == 1\n", "3:13",
      ["where condition sees tensor 'x' through its shape, dtype and device"]),
     ("rule a:\n    torch.relu(x) => x.vanish()\n", "2:24", ["torch.Tensor has no attribute 'vanish'"]),
-    ("rule a:\n    (torch.relu(x), x * 2) => (x, x, x)\n", "2:31", ["the pattern has 2 result(s) but the replacement has 3"]),
+    ("rule a:\n    (torch.relu(x), x * 2) => (x, x, x)\n", "2:31",
+     ["the pattern has 2 result(s) but the replacement has 3"]),
     ("rule a:\n    torch.relu(x) => (x, x)\n", "2:22", ["the pattern has 1 result(s) but the replacement has 2"]),
     ("rule a:\n    () => ()\n", "2:5", ["the pattern is an empty tuple"]),
     # let
-    ("rule a:\n    let t = x\n    let t = x\n    torch.relu(t) => x\n", "3:9", ["'t' is defined by let twice (lines 2 and 3)"]),
-    ("rule a:\n    let t = u * 2\n    let u = x\n    torch.relu(t) => x\n", "2:13", ["let 't' (line 2) uses 'u', which is defined by a later let (line 3)", "move 'let u' above"]),
+    ("rule a:\n    let t = x\n    let t = x\n    torch.relu(t) => x\n", "3:9",
+     ["'t' is defined by let twice (lines 2 and 3)"]),
+    ("rule a:\n    let t = u * 2\n    let u = x\n    torch.relu(t) => x\n", "2:13",
+     ["let 't' (line 2) uses 'u', which is defined by a later let (line 3)", "move 'let u' above"]),
     ("rule a:\n    let t = x * 2\n    torch.relu(x) => x\n", "2:9", ["let 't' is never used"]),
     ("rule a:\n    let torch = x\n    torch.relu(x) => x\n", "2:9", ["'torch' is already a name in scope"]),
     ("rule a:\n    let t = x * 2\n    torch.relu(t) => x\n    where t.dim() == 2\n", "4:11",
@@ -54,7 +57,8 @@ def definition_error(text: str, **kwargs) -> str:
      ["'s' is declared as a capture, but the pattern has no variable 's'"]),
     ("rule a:\n    torch.relu(x) * s => x\n    where s: list\n", "3:14", ["unknown type 'list' for 's'"]),
     ("rule a:\n    torch.relu(x) * s => x\n    where s: torch.relu\n", "3:14", ["'torch.relu' is not a capture type"]),
-    ("rule a:\n    torch.relu(x) * s => x\n    where s: float, s: int\n", "3:21", ["the type of 's' is declared twice"]),
+    ("rule a:\n    torch.relu(x) * s => x\n    where s: float, s: int\n", "3:21",
+     ["the type of 's' is declared twice"]),
     ("rule a:\n    conv.weight + x => x\n    where conv: nn.Conv2d\n", "2:10",
      ["a module capture cannot be inspected in the pattern"]),
     ("rule a:\n    s(x) * 2 => x\n    where s: float\n", "2:5", ["'s' is a literal capture and cannot be called"]),
@@ -81,7 +85,7 @@ def test_invalid_rules_are_refused_at_load_time(text, where, fragments):
     assert message.startswith(f"rules.fxr:{where}: ")
     for fragment in fragments:
         assert fragment in message
-    line, column = (int(n) for n in where.split(":"))
+    line, _column = (int(n) for n in where.split(":"))
     excerpt_line, caret_line = message.splitlines()[-2:]
     assert caret_line.strip() == "^"
     assert excerpt_line.strip() in text.splitlines()[line - 1]
@@ -154,9 +158,10 @@ def test_unknown_names_in_a_rule_file_are_definition_errors_at_load_time(tmp_pat
 
 
 def test_unknown_op_reached_only_at_rewrite_time_is_a_rewrite_error_naming_the_rule_file(tmp_path):
-    path = write_source(tmp_path / "late.fxr", "rule late:\n    torch.neg(torch.neg(x)) => torch.ops.nowhere_lib.f(x)\n")
+    path = write_source(tmp_path / "late.fxr",
+                        "rule late:\n    torch.neg(torch.neg(x)) => torch.ops.nowhere_lib.f(x)\n")
     rules = fxrewrite.load_rules(path)
-    model, gm = traced_net()
+    _, gm = traced_net()
     before = graph_state(gm)
     with pytest.raises(RewriteError) as info:
         rewrite(gm, rules)

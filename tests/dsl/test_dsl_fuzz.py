@@ -165,8 +165,9 @@ def test_text_made_of_the_languages_pieces(text):
 
 #: Calls that change torch's global state if they ever ran while a rule file loads.
 STATE_CHANGING = ["torch.set_default_device('meta')", "torch.set_grad_enabled(False)",
-                  "torch.set_printoptions(precision=12)", "torch.manual_seed(3)", "torch.set_default_dtype(torch.float64)",
-                  "nn.modules.module.register_module_forward_hook(torch.neg)", "torch.use_deterministic_algorithms(True)",
+                  "torch.set_printoptions(precision=12)", "torch.manual_seed(3)",
+                  "torch.set_default_dtype(torch.float64)", "nn.modules.module.register_module_forward_hook(torch.neg)",
+                  "torch.use_deterministic_algorithms(True)",
                   "torch.set_num_threads(1)", "torch.random.fork_rng()", "torch.autograd.set_detect_anomaly(True)"]
 
 

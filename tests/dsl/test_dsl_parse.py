@@ -147,8 +147,9 @@ def test_subscripts_slices_and_ellipsis(text, expected):
 @pytest.mark.parametrize("text, expected", [
     ("f(1, 2.5, 1e-3, .5, 'a', \"b\", True, False, None)", (1, 2.5, 1e-3, 0.5, "a", "b", True, False, None)),
     ("f('tab\\there', 'quote\\'s', \"\\\\\")", ("tab\there", "quote's", "\\")),
-    ("f((), (a,), (a, b), (a, b,), [], [a, b,])", (("TupleExpr", ()), ("TupleExpr", ("a",)), ("TupleExpr", ("a", "b")),
-                                                   ("TupleExpr", ("a", "b")), ("ListExpr", ()), ("ListExpr", ("a", "b")))),
+    ("f((), (a,), (a, b), (a, b,), [], [a, b,])",
+     (("TupleExpr", ()), ("TupleExpr", ("a",)), ("TupleExpr", ("a", "b")), ("TupleExpr", ("a", "b")),
+      ("ListExpr", ()), ("ListExpr", ("a", "b")))),
 ])
 def test_literals_tuples_and_lists(text, expected):
     assert shape(pattern_of(text))[2] == expected
@@ -208,11 +209,13 @@ def syntax_error(text: str) -> RuleSyntaxError:
     ("rule a:\n    torch.relu(x)\n", (2, 18), "expected '=>' followed by the replacement, found the end of the line"),
     ("rule a:\n    torch.relu(x) x\n", (2, 19), "expected '=>' followed by the replacement, found the name 'x'"),
     ("rule a:\n    torch.relu(x) =>\n", (2, 21), "expected an expression, found the end of the line"),
-    ("rule a:\n    torch.neg(x) => x\n    torch.relu(x) => x\n", (3, 5), "expected a 'where' line or the end of the rule"),
+    ("rule a:\n    torch.neg(x) => x\n    torch.relu(x) => x\n", (3, 5),
+     "expected a 'where' line or the end of the rule"),
     ("rule a:\n    torch.neg(x) => x\n    let t = x\n", (3, 5), "expected a 'where' line or the end of the rule"),
     ("use torch.ops.mylib\n", (1, 20), "expected 'as' and an alias"),
     ("  torch.neg(x) => x\n", (1, 3), "expected a 'rule' or 'use' line starting at column 0"),
-    ("rule a:\n    torch.relu(x => x\n", (2, 19), "the '(' at line 2, column 15 is never closed: expected ')' before '=>'."),
+    ("rule a:\n    torch.relu(x => x\n", (2, 19),
+     "the '(' at line 2, column 15 is never closed: expected ')' before '=>'."),
     ("rule a:\n    torch.add(x y) => x\n", (2, 17),
      "expected an operator, ')', ',' or '=', found the name 'y'; is a ',' missing before it?"),
     ("rule a:\n    torch.neg(x + (y * 2) => x\n", (2, 27),

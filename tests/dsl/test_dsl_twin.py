@@ -5,10 +5,10 @@ No ``from __future__ import annotations`` here: the twins' annotations must be t
 themselves, as the DSL sets them (fx prints a placeholder's annotation in the graph).
 """
 
+import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import pytest
 
 from fxrewrite import Rule
 from fxrewrite.dsl import parse_rules
