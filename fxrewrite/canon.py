@@ -564,19 +564,37 @@ def mutation(node: Node) -> str | None:
     >>> mutation(g.call_function(torch.ops.aten.relu.default, (x,))) is None
     True
     """
-    if "out" in node.kwargs:
+    kwargs = node.kwargs
+    if "out" in kwargs:
         return "writes into an out= argument"
     if _inplace_flag(node):
         return "passes inplace=True"
-    target = node.target
-    if node.op == "call_method":
-        if isinstance(target, str) and target.endswith("_") and not target.endswith("__"):
-            return f"calls the in-place method '.{target}()'"
-        return None
     if node.op == "call_module":
         module = _submodule(node)
-        return f"calls the in-place module '{target}'" if getattr(module, "inplace", False) is True else None
-    if node.op != "call_function":
+        return f"calls the in-place module '{node.target}'" if getattr(module, "inplace", False) is True else None
+    if node.op not in ("call_method", "call_function"):
+        return None
+    key = (node.op, node.target)
+    try:
+        return _target_mutation_cache[key]
+    except (KeyError, TypeError):
+        pass
+    found = _target_mutation(node.op, node.target)
+    try:
+        _target_mutation_cache[key] = found
+    except TypeError:  # an unhashable target
+        pass
+    return found
+
+
+_target_mutation_cache: dict[tuple[str, Any], str | None] = {}
+
+
+def _target_mutation(op: str, target: Any) -> str | None:
+    """How calling ``target`` writes into an argument, whatever the arguments (see :func:`mutation`)."""
+    if op == "call_method":
+        if isinstance(target, str) and target.endswith("_") and not target.endswith("__"):
+            return f"calls the in-place method '.{target}()'"
         return None
     if isinstance(target, torch._ops.OpOverload):
         return f"calls the mutating op {target}" if target._schema.is_mutable else None
@@ -610,13 +628,20 @@ def written_arguments(node: Node) -> tuple[Node, ...]:
 def _inplace_flag(node: Node) -> bool:
     if node.kwargs.get("inplace") is True:
         return True
-    if node.op == "call_function" and node.target in FUNCTIONALS:
+    if node.op == "call_function" and _is_functional(node.target):
         try:
             bound = inspect.signature(node.target).bind(*node.args, **node.kwargs)  # type: ignore[arg-type]
         except TypeError:
             return False
         return bound.arguments.get("inplace") is True
     return False
+
+
+def _is_functional(target: Any) -> bool:
+    try:
+        return target in FUNCTIONALS
+    except TypeError:  # an unhashable target
+        return False
 
 
 def _submodule(node: Node) -> Any:

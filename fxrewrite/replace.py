@@ -191,10 +191,11 @@ class _ReplacementTracer(fx.Tracer):
         return path
 
     def replay_node(self, kind: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                    name_base: str) -> Node:
+                    name_base: str, *, as_fx: bool) -> Node:
         """Record a node of a replayed replacement: the node :meth:`create_node` would record (its
-        ATen spelling already decided), built directly under a fresh name from ``name_base``."""
-        if fx.traceback.has_preserved_node_meta():  # fx copies the ambient node meta: build it as fx does
+        ATen spelling already decided), built directly under a fresh name from ``name_base``, or
+        (``as_fx``) by torch.fx's own ``create_node``."""
+        if as_fx:
             node = fx.Tracer.create_node(self, kind, target, args, kwargs)
         else:
             node = add_node(self.graph, fresh_node_name(self.graph, name_base), kind, target, args, kwargs)
@@ -322,8 +323,9 @@ class _Template:
     read a matched value's shape or dtype, called a module or made a tensor constant is always
     called; and a template is used only after a second call recorded the very same graph. The
     checks a call's result gets (inputs live and earlier, constants an op can take, no write into
-    an input) were passed by the recorded calls and hold for every replay: a replay reads only
-    the match's bound values, before the insertion point, and the same constants.
+    an input, a tensor where the pattern matched one) were passed by the recorded calls and hold
+    for every replay: a replay reads only the match's bound values (tensors, before the insertion
+    point), makes the same operations on them and passes the same constants.
     """
 
     nodes: tuple[tuple[str, Any, Any, Any], ...]
@@ -358,9 +360,10 @@ class _Template:
                 return bindings[value.name]
             return made[value.index] if isinstance(value, _Made) else value
 
+        as_fx = fx.traceback.has_preserved_node_meta()  # fx copies the ambient node meta: build nodes as fx does
         for (op, target, args, kwargs), base in zip(self.nodes, self.name_bases):
             made.append(tracer.replay_node(op, target, fx.node.map_aggregate(args, concrete),
-                                           fx.node.map_aggregate(kwargs, concrete), base))
+                                           fx.node.map_aggregate(kwargs, concrete), base, as_fx=as_fx))
         return [concrete(o) for o in self.outputs]
 
 
@@ -421,8 +424,8 @@ class Splicer:
                     _refuse_input_mutation(match, rule, tracer.created)
             if annotated:
                 propagate_values(self.gm, tracer.created)
-            _refuse_non_tensor_outputs(match, rule, new_outputs)
             if not replayed:  # what a replay builds passed these checks when it was recorded
+                _refuse_non_tensor_outputs(match, rule, new_outputs)
                 _check_created(match, rule, tracer.created)
         except Exception as exc:
             tracer.rollback()
