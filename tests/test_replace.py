@@ -144,12 +144,12 @@ def test_untraceable_target_is_an_error_with_advice():
         def forward(self, x):
             return x if x.sum() > 0 else -x
 
-    with pytest.raises(RewriteError, match="symbolic_trace could not trace Branchy.*concrete_args or torch.export"):
+    with pytest.raises(RewriteError, match=r"symbolic_trace could not trace Branchy.*concrete_args or torch.export"):
         rewrite(Branchy(), neg_neg(lambda x: x))
 
 
 def test_inplace_needs_a_graph_module():
-    with pytest.raises(RewriteError, match="inplace=True needs a torch.fx.GraphModule"):
+    with pytest.raises(RewriteError, match=r"inplace=True needs a torch.fx.GraphModule"):
         rewrite(torch.nn.ReLU(), neg_neg(lambda x: x), inplace=True)
 
 
@@ -199,8 +199,8 @@ def _spliced(result):
     for n in result.module.graph.nodes:
         val = n.meta.get("val")
         shape = (tuple(val.shape), val.dtype) if isinstance(val, torch.Tensor) else None
-        nodes.append((n.name, n.op, str(n.target), str(n.args), str(n.kwargs), n.type, sorted(n.meta), n.meta.get("stack_trace"),
-                      n.meta.get("fxrewrite_rule"), n.meta.get("nn_module_stack"), shape))
+        nodes.append((n.name, n.op, str(n.target), str(n.args), str(n.kwargs), n.type, sorted(n.meta),
+                      n.meta.get("stack_trace"), n.meta.get("fxrewrite_rule"), n.meta.get("nn_module_stack"), shape))
     return result.code, nodes
 
 
@@ -333,7 +333,7 @@ def _annotated_node():
 @pytest.mark.parametrize("replacement", [lambda x: x.shape, lambda x: x.dim(), lambda x: x.size(0) * 1.0],
                          ids=["shape", "dim", "size"])
 def test_replacement_returning_a_proxy_of_a_non_tensor_is_a_rewrite_error(replacement):
-    model, gm = traced_net()
+    _, gm = traced_net()
     with pytest.raises(RewriteError, match="but the pattern matched a tensor there"):
         rewrite(gm, neg_neg(replacement), example_inputs=(X.clone(),))
 

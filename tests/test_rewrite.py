@@ -672,7 +672,7 @@ SCENARIOS: dict[str, tuple[Scenario, type[BaseException], list[str]]] = {
 def test_failing_rewrite_raises_its_error_with_a_useful_message(scenario):
     make, error, fragments = SCENARIOS[scenario]
     rules, kwargs = make(1)
-    model, gm = traced_net()
+    _, gm = traced_net()
     with pytest.raises(error) as info:
         rewrite(gm, rules, **kwargs)
     assert isinstance(info.value, FxRewriteError)
@@ -791,7 +791,7 @@ def test_successful_rewrite_keeps_the_parameters_of_a_submodule_it_still_reads(k
 
 def test_a_rule_that_keeps_growing_the_graph_is_stopped_by_the_budget_naming_it():
     grow = Rule.from_functions(lambda x: torch.relu(x), lambda x: torch.relu(torch.relu(x)), name="grow")
-    model, gm = traced_net()
+    _, gm = traced_net()
     with pytest.raises(DidNotConverge) as info:
         rewrite(gm, grow)
     message = str(info.value)
@@ -807,7 +807,7 @@ def test_a_rule_that_keeps_growing_the_graph_is_stopped_by_the_budget_naming_it(
 
 
 def test_debug_mode_names_the_rule_after_which_lint_failed():
-    model, gm = traced_net()
+    _, gm = traced_net()
     before = graph_state(gm)
     with pytest.raises(RewriteError) as info:
         rewrite(gm, dangling_attribute_rule(), debug=True)
@@ -821,7 +821,7 @@ def test_debug_mode_names_the_rule_after_which_lint_failed():
 
 def test_debug_mode_is_switched_on_by_the_environment(monkeypatch):
     monkeypatch.setenv("FXREWRITE_DEBUG", "1")
-    model, gm = traced_net()
+    _, gm = traced_net()
     with pytest.raises(RewriteError, match="debug check: the graph fails lint after rule 'dangling'"):
         rewrite(gm, dangling_attribute_rule())
     monkeypatch.setenv("FXREWRITE_DEBUG", "0")
@@ -839,7 +839,7 @@ def test_debug_mode_checks_every_rewrite_of_a_clean_run():
 
 def test_graph_broken_by_a_rule_is_an_fxrewrite_error_even_without_debug_mode():
     r = dangling_attribute_rule()
-    model, gm = traced_net()
+    _, gm = traced_net()
     with pytest.raises(RewriteError, match=f"(?s)rewritten graph is invalid .*debug=True.*Rules applied: {r.name} "):
         rewrite(gm, r, debug=False)
 
