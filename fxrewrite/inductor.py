@@ -65,7 +65,6 @@ STAGES: Mapping[str, str] = types.MappingProxyType({
     "post_grad_post": "post_grad_custom_post_pass",
 })
 _ATEN_STAGES = frozenset({"joint", "joint_post", "post_grad", "post_grad_post"})
-_MAX_REASONS = 3
 
 
 # ---- the cumulative report --------------------------------------------------------------------
@@ -79,9 +78,7 @@ class _Tally:
         self.graphs = 0
 
     def add(self, report: Report) -> None:
-        stats = {name: _sum(s, report.stats.get(name, RuleStats())) for name, s in self.report.stats.items()}
-        self.report = Report(stats, self.report.rewrites + report.rewrites, self.report.seconds + report.seconds,
-                             report.last_rewrite or self.report.last_rewrite)
+        self.report = self.report + report
         self.graphs += 1
 
 
@@ -99,11 +96,6 @@ class _Cumulative:
     def graphs(self) -> int:
         """How many graphs it has rewritten."""
         return self._tally.graphs
-
-
-def _sum(a: RuleStats, b: RuleStats) -> RuleStats:
-    return RuleStats(a.attempts + b.attempts, a.applied + b.applied, a.rejected + b.rejected,
-                     a.seconds + b.seconds, (*a.reasons, *b.reasons)[:_MAX_REASONS])
 
 
 # ---- the Inductor pass ------------------------------------------------------------------------

@@ -15,7 +15,10 @@ from typing import Any
 import attrs
 import torch.fx as fx
 
-__all__ = ["COLUMNS", "NO_METADATA", "Report", "RewriteResult", "RuleStats", "format_table"]
+__all__ = ["COLUMNS", "MAX_REASONS", "NO_METADATA", "Report", "RewriteResult", "RuleStats", "format_table"]
+
+#: How many refusal reasons a rule's stats keep (examples, not a log).
+MAX_REASONS = 3
 
 
 @attrs.frozen
@@ -27,6 +30,11 @@ class RuleStats:
     rejected: int = 0
     seconds: float = 0.0
     reasons: tuple[str, ...] = ()
+
+    def __add__(self, other: RuleStats) -> RuleStats:
+        """The stats of two rewrites together (the first :data:`MAX_REASONS` reasons kept)."""
+        return RuleStats(self.attempts + other.attempts, self.applied + other.applied, self.rejected + other.rejected,
+                         self.seconds + other.seconds, (*self.reasons, *other.reasons)[:MAX_REASONS])
 
 
 @attrs.frozen
@@ -68,6 +76,20 @@ class Report:
 
     def __str__(self) -> str:
         return format_table(self)
+
+    def __add__(self, other: Report) -> Report:
+        """Two rewrites' reports summed rule by rule (an Inductor pass sums the graphs it is handed).
+
+        >>> one = Report({"neg_neg": RuleStats(attempts=2, applied=1)}, 1, 0.5)
+        >>> two = Report({"neg_neg": RuleStats(attempts=1, applied=1), "abs_abs": RuleStats(attempts=1)}, 1, 0.25)
+        >>> total = one + two
+        >>> total.applied, total.attempts, total.rewrites, total.seconds
+        ({'neg_neg': 2, 'abs_abs': 0}, {'neg_neg': 3, 'abs_abs': 1}, 2, 0.75)
+        """
+        names = dict.fromkeys([*self.stats, *other.stats])
+        stats = {name: self.stats.get(name, RuleStats()) + other.stats.get(name, RuleStats()) for name in names}
+        return Report(stats, self.rewrites + other.rewrites, self.seconds + other.seconds,
+                      other.last_rewrite or self.last_rewrite)
 
 
 #: Every refusal reason that blames missing shape/dtype metadata contains this phrase.

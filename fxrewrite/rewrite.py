@@ -46,7 +46,7 @@ from .index import OpIndex
 from .match import Match, match_at, node_position
 from .meta import propagate_inputs
 from .replace import Splicer, insertion_point
-from .report import Report, RewriteResult, RuleStats
+from .report import MAX_REASONS, Report, RewriteResult, RuleStats
 from .rule import Rule, RuleSet, RulesLike, as_ruleset
 from .target import to_graph_module
 
@@ -67,7 +67,6 @@ class _Tally:
         return RuleStats(self.attempts, self.applied, self.rejected, self.seconds, tuple(self.reasons))
 
 
-_MAX_REASONS = 3
 _PROGRESS_EVERY = 2048  # visits between two on_progress calls
 
 
@@ -414,7 +413,7 @@ class _Driver:
                         refusal = f"the replacement refused: {declined}"
             if refusal is not None:  # every match at this node was refused by a guard: count it once
                 tally.rejected += 1
-                if len(tally.reasons) < _MAX_REASONS:
+                if len(tally.reasons) < MAX_REASONS:
                     tally.reasons.append(f"at '{node.name}': {refusal}")
 
     def _written_in_place(self, match: Match) -> bool:

@@ -98,3 +98,21 @@ def test_format_table_reads_only_the_counts():
 
 def test_report_names_are_exported():
     assert fxrewrite.Report is Report and fxrewrite.RuleStats is RuleStats
+
+
+def test_two_reports_add_up_rule_by_rule_keeping_a_few_reasons_and_the_last_rewrite():
+    one = Report({"neg_neg": RuleStats(2, 1, 1, 0.5, ("a", "b"))}, 1, 0.5, "neg_neg at 'neg_1'")
+    two = Report({"neg_neg": RuleStats(1, 0, 2, 0.25, ("c", "d")), "wide": RuleStats(3)}, 0, 0.25, None)
+    total = one + two
+    assert total.stats["neg_neg"] == RuleStats(3, 1, 3, 0.75, ("a", "b", "c"))
+    assert total.stats["wide"] == RuleStats(3)
+    assert (total.rewrites, total.seconds, total.last_rewrite) == (1, 0.75, "neg_neg at 'neg_1'")
+    assert list(total.stats) == ["neg_neg", "wide"]
+
+
+def test_the_reports_of_two_rewrites_sum_to_what_one_rewrite_of_both_reports():
+    ruleset = RuleSet([NEG_NEG, RELU_RELU])
+    first = rewrite(lambda a: torch.neg(torch.neg(a)), ruleset).report
+    second = rewrite(lambda a: torch.relu(torch.relu(torch.neg(torch.neg(a)))), ruleset).report
+    assert (first + second).applied == {"neg_neg": 2, "relu_relu": 1}
+    assert (first + second).rewrites == 3
