@@ -387,6 +387,7 @@ class Splicer:
         #: Per template key: the template of the first call, then (once a second call recorded the
         #: same) the confirmed template, or None when the replacement cannot be replayed.
         self._templates: dict[Hashable, tuple[_Template | None, bool]] = {}
+        self._literal_captures: dict[str, tuple[str, ...] | None] = {}
 
     def __enter__(self) -> Splicer:
         self._previous = _ModuleCalls.enter(self.tracer)
@@ -410,7 +411,7 @@ class Splicer:
         annotated = has_values(match.bindings.values()) and all(result_kind(o) != "value" for o in match.outputs)
         tracer.begin(rule, aten=any(isinstance(n.target, torch._ops.OpOverload) for n in match.nodes),
                      annotate=annotated, anchor=match.anchor)
-        key = _template_key(rule, match, tracer) if REPLAY else None
+        key = _template_key(rule, self._literal_names(rule), match, tracer) if REPLAY else None
         known = self._templates.get(key) if key is not None else None
         try:
             with self.gm.graph.inserting_before(point):
@@ -443,6 +444,14 @@ class Splicer:
         self.last_outputs = new_outputs
         return tracer.created
 
+    def _literal_names(self, rule: Rule) -> tuple[str, ...] | None:
+        """:func:`_literal_captures` of ``rule``, worked out once per rewrite."""
+        try:
+            return self._literal_captures[rule.name]
+        except KeyError:
+            names = self._literal_captures[rule.name] = _literal_captures(rule)
+            return names
+
     def _learn(self, key: Hashable, known: tuple[_Template | None, bool] | None, match: Match,
                tracer: _ReplacementTracer, outputs: list[Node]) -> None:
         """After calling a replacement: remember its graph, and trust it for replay once a
@@ -458,30 +467,42 @@ class Splicer:
             self._templates[key] = (template, True) if same else (None, True)
 
 
-def _template_key(rule: Rule, match: Match, tracer: _ReplacementTracer) -> Hashable | None:
+def _template_key(rule: Rule, literal_names: tuple[str, ...] | None, match: Match,
+                  tracer: _ReplacementTracer) -> Hashable | None:
     """What a replacement's recorded graph may depend on besides the bound tensors: the rule,
-    the graph's level, the literal captures' values and which variables bound the same value
-    (``None``: never replayed, e.g. a module capture)."""
-    literals = []
-    for param in rule.compiled.params:
-        value = match.bindings[param.name]
-        if param.kind == "module":
-            return None
-        if param.kind == "literal":
-            literals.append((param.name, type(value), repr(value)))  # repr: -0.0 is not 0.0 here
+    the graph's level, the values of its literal captures (``literal_names``, see
+    :func:`_literal_captures`) and which variables bound the same value (``None``: never
+    replayed, e.g. a module capture)."""
+    if literal_names is None:
+        return None
+    bindings = match.bindings
+    # repr: -0.0 is not 0.0 here
+    literals = tuple((name, type(bindings[name]), repr(bindings[name])) for name in literal_names)
     # which variables bound the same value: a template records one of them for both, so it is only
     # replayed for matches that share values the same way (x * x recorded is not x * y)
-    shared: dict[Node, list[str]] = {}
-    for name, value in match.bindings.items():
-        if isinstance(value, Node):
-            shared.setdefault(value, []).append(name)
-    sharing = tuple(sorted(tuple(names) for names in shared.values() if len(names) > 1))
+    nodes = [v for v in bindings.values() if isinstance(v, Node)]
+    sharing: tuple[tuple[str, ...], ...] = ()
+    if len(set(nodes)) < len(nodes):
+        shared: dict[Node, list[str]] = {}
+        for name, value in bindings.items():
+            if isinstance(value, Node):
+                shared.setdefault(value, []).append(name)
+        sharing = tuple(sorted(tuple(names) for names in shared.values() if len(names) > 1))
     try:
-        key = (rule.name, id(rule.replacement), tracer.aten, tracer.annotate, tuple(literals), sharing)
+        key = (rule.name, id(rule.replacement), tracer.aten, tracer.annotate, literals, sharing)
         hash(key)
     except TypeError:
         return None
     return key
+
+
+def _literal_captures(rule: Rule) -> tuple[str, ...] | None:
+    """The names of ``rule``'s literal captures; ``None`` when it has a module capture (its
+    replacement is never replayed)."""
+    params = rule.compiled.params
+    if any(p.kind == "module" for p in params):
+        return None
+    return tuple(p.name for p in params if p.kind == "literal")
 
 
 def insertion_point(match: Match) -> Node | None:

@@ -317,13 +317,10 @@ def _same_bindings(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
         a[k] is b[k] or (not isinstance(a[k], Node) and same_literal(a[k], b[k])) for k in a)
 
 
-def _may_match(rule: Rule, node: Node) -> bool:
-    """A cheap necessary condition: every op feeding the pattern's anchor also feeds ``node``."""
-    required = rule.compiled.anchor_input_keys
-    if not required:
-        return True
-    present = {op_key_of(a.op, a.target) for a in node.all_input_nodes}
-    return required <= present
+def _input_keys(node: Node) -> frozenset[Hashable]:
+    """The op keys of the nodes feeding ``node`` (for the cheap pre-check before matching: a
+    pattern whose anchor reads an op ``node`` does not read cannot match there)."""
+    return frozenset(op_key_of(a.op, a.target) for a in node.all_input_nodes)
 
 
 class _Driver:
@@ -339,6 +336,7 @@ class _Driver:
         self.ruleset = ruleset
         self.budget = budget
         self.debug = debug
+        self.logging = logger.isEnabledFor(logging.DEBUG)
         self.tallies = {r.name: _Tally() for r in ruleset}
         self.rewrites = 0
         self.recent: collections.deque[str] = collections.deque(maxlen=64)
@@ -393,13 +391,17 @@ class _Driver:
                 self._visit(node, level)
 
     def _visit(self, node: Node, level: int) -> None:
+        input_keys = None
         for rule in self.by_level[level].get(op_key_of(node.op, node.target), ()):
             if node in self.settled.get(rule.name, ()):
                 continue  # the rule produced this node from its own pattern: trying again would loop
             tally = self.tallies[rule.name]
             tally.attempts += 1
-            if not _may_match(rule, node):
-                continue
+            required = rule.compiled.anchor_input_keys
+            if required:
+                input_keys = _input_keys(node) if input_keys is None else input_keys
+                if not required <= input_keys:
+                    continue
             refusal = None
             for match in match_at(rule.compiled, node, self.gm, modules=self.modules, candidates=self._nodes_with_key):
                 if insertion_point(match) is None or self._written_in_place(match):
@@ -464,7 +466,8 @@ class _Driver:
         tally.applied += 1
         self.rewrites += 1
         self.recent.append(rule.name)
-        logger.debug("rule %s rewrote %s into %d node(s)", rule.name, match.anchor, len(created))
+        if self.logging:
+            logger.debug("rule %s rewrote %s into %d node(s)", rule.name, match.anchor, len(created))
         if self.debug:
             self._lint_after(rule)
         self._requeue(created, inputs)
