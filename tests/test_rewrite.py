@@ -806,6 +806,24 @@ def test_a_rule_that_keeps_growing_the_graph_is_stopped_by_the_budget_naming_it(
 # dangling_attribute_rule).
 
 
+def _neg_neg_program() -> fx.GraphModule:
+    return fx.symbolic_trace(lambda a: torch.neg(torch.neg(a)) + torch.relu(a))
+
+
+def test_debug_mode_lints_after_each_rewrite(monkeypatch):
+    lints = []
+    original = fx.Graph.lint
+    monkeypatch.setattr(fx.Graph, "lint", lambda self: lints.append(1) or original(self))
+    monkeypatch.setenv("FXREWRITE_DEBUG", "1")
+    result = rewrite(_neg_neg_program(), NEG_NEG)
+    assert result.report.applied["neg_neg"] == 1
+    with_debug = len(lints)
+    lints.clear()
+    monkeypatch.setenv("FXREWRITE_DEBUG", "0")
+    rewrite(_neg_neg_program(), NEG_NEG)
+    assert with_debug == len(lints) + 1  # one lint after the rewrite, besides the final one
+
+
 def test_debug_mode_names_the_rule_after_which_lint_failed():
     _, gm = traced_net()
     before = graph_state(gm)
