@@ -49,8 +49,8 @@ MAX_STEPS = 14
 PLANT_PROBABILITY = 0.45
 
 #: Rules of the standard library the fuzzer found unsound, left out of the random rule sets so
-#: the fuzzer can find other problems; each has an xfail test below. Remove an entry (and the
-#: xfail marker) when the rule is fixed.
+#: the fuzzer can find other problems meanwhile (rule name -> what it breaks); add a regression
+#: test next to the rule's fix and remove the entry. Empty: every rule found so far was fixed.
 KNOWN_UNSOUND: dict[str, str] = {}  # neg_sub was found unsound here (-0.0 vs 0.0) and removed
 
 # ---- building graphs: every op runs on concrete tensors and records on Proxies ---------------------
@@ -675,9 +675,6 @@ def test_fuzz_rewrite_long(capsys):
     finally:
         with capsys.disabled():
             print(f"\nfuzz (long): {figures}")
-
-
-# ---- what the fuzzer found ------------------------------------------------------------------------------------
 
 
 # ---- the random graphs themselves ----------------------------------------------------------------------

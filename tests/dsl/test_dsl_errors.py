@@ -85,10 +85,13 @@ def test_invalid_rules_are_refused_at_load_time(text, where, fragments):
     assert message.startswith(f"rules.fxr:{where}: ")
     for fragment in fragments:
         assert fragment in message
-    line, _column = (int(n) for n in where.split(":"))
+    line, column = (int(n) for n in where.split(":"))
     excerpt_line, caret_line = message.splitlines()[-2:]
     assert caret_line.strip() == "^"
-    assert excerpt_line.strip() in text.splitlines()[line - 1]
+    source_line = text.splitlines()[line - 1]
+    assert excerpt_line.strip() == source_line.strip()
+    # the caret stands under the character the position names
+    assert excerpt_line[caret_line.index("^")] == source_line[column - 1]
 
 
 def test_message_names_the_rule():
