@@ -503,6 +503,49 @@ def test_many_rewrites_around_one_widely_used_value_stay_linear():
     assert large / small < 6, (small, large)
 
 
+def _calls_to_rewrite_a_chain_into_created_nodes(blocks: int) -> tuple[int, int]:
+    """Function calls made by rewriting a chain of ``blocks`` ``abs(neg(.))`` blocks, each into
+    three new nodes, and how often the replacement function itself ran."""
+    ran = []
+
+    def replacement(x):
+        ran.append(1)
+        return torch.clamp(x * 0.5 + 0.25, -4.0, 4.0)
+
+    graph = fx.Graph()
+    value = graph.placeholder("x")
+    for _ in range(blocks):
+        value = graph.call_function(torch.abs, (graph.call_function(torch.neg, (value,)),))
+        value = graph.call_function(torch.relu, (value,))
+    graph.output(value)
+    gm = fx.GraphModule(torch.nn.Module(), graph)
+    created = rule(lambda x: torch.abs(torch.neg(x)), replacement, name="abs_neg_created")
+    profiler = cProfile.Profile()
+    profiler.enable()
+    result = rewrite(gm, created)
+    profiler.disable()
+    assert result.report.applied["abs_neg_created"] == blocks
+    assert_rewrite_sound(lambda a: _created_chain(a, blocks), result, torch.randn(4) * 9)
+    return sum(stat[1] for stat in pstats.Stats(profiler).stats.values()), len(ran)
+
+
+def _created_chain(a: torch.Tensor, blocks: int) -> torch.Tensor:
+    for _ in range(blocks):
+        a = torch.relu(torch.clamp(a * 0.5 + 0.25, -4.0, 4.0))
+    return a
+
+
+def test_replacements_creating_nodes_cost_linear_work_and_run_twice_however_many_matches():
+    # The replacement runs twice (recorded, then confirmed); every other match replays its graph.
+    # Work is counted in function calls: 4x the blocks, about 4x the calls (a per-rewrite scan of
+    # the graph would make it 16x).
+    _calls_to_rewrite_a_chain_into_created_nodes(20)  # warm caches and lazy imports
+    (small, ran_small), (large, ran_large) = (_calls_to_rewrite_a_chain_into_created_nodes(250),
+                                              _calls_to_rewrite_a_chain_into_created_nodes(1000))
+    assert ran_small == ran_large == 2
+    assert large / small < 4.5, (small, large)
+
+
 @pytest.mark.filterwarnings("ignore::fxrewrite.RuleWarning")
 def test_attributes_a_rewrite_made_unused_are_dropped_from_the_copy():
     class M(torch.nn.Module):
