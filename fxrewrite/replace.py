@@ -137,23 +137,23 @@ class _ReplacementTracer(fx.Tracer):
         self.called_module = False
         self._scope_meta: dict[str, Any] = {}
         self._next_suffix: dict[str, int] = {}
+        self._stack_traces: dict[str, str] = {}  # per rule name
 
     def begin(self, rule: Rule, aten: bool, annotate: bool = False, anchor: Node | None = None) -> None:
         self.rule = rule
         # where the replaced code sat in the module tree: torch.export.unflatten, quantizers and
         # ExecuTorch partitioners read it from every node
-        self._scope_meta = {k: anchor.meta[k] for k in _SCOPE_META if anchor is not None and k in anchor.meta}
+        meta = anchor.meta if anchor is not None else {}
+        self._scope_meta = {k: meta[k] for k in _SCOPE_META if k in meta} if meta else {}
         self.aten = aten
         self.annotate = annotate
         self.created = []
         self.new_attributes = []
         self.read_metadata = self.called_module = False
-        file, _, line = rule.origin.rpartition(":")
-        summary = f"fxrewrite rule {rule.name}" + (f": {rule.doc}" if rule.doc else "")
-        self._stack_trace = (
-            f'File "{file or rule.origin}", line {line if line.isdigit() else 0}, in {rule.name}\n'
-            f"    {summary}\n"
-        )
+        trace = self._stack_traces.get(rule.name)
+        if trace is None:
+            trace = self._stack_traces[rule.name] = _stack_trace(rule)
+        self._stack_trace = trace
 
     def create_node(self, kind, target, args, kwargs, name=None, type_expr=None):  # type: ignore[no-untyped-def]
         if self.aten and kind in ("call_function", "call_method"):
@@ -241,6 +241,14 @@ class _ReplacementTracer(fx.Tracer):
                 self._tensor_paths.pop(id(value), None)
         self.created = []
         self.new_attributes = []
+
+
+def _stack_trace(rule: Rule) -> str:
+    """The ``stack_trace`` of the nodes a rule creates: its definition, where tools show a
+    node's origin (``print_readable``, Inductor's provenance)."""
+    file, _, line = rule.origin.rpartition(":")
+    summary = f"fxrewrite rule {rule.name}" + (f": {rule.doc}" if rule.doc else "")
+    return f'File "{file or rule.origin}", line {line if line.isdigit() else 0}, in {rule.name}\n    {summary}\n'
 
 
 def _contains_proxy(values: Any) -> bool:
