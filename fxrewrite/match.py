@@ -185,6 +185,21 @@ class Match:
         except KeyError:
             raise KeyError(f"the pattern has no parameter '{name}'; it has {sorted(self.bindings)}") from None
 
+    @classmethod
+    def on_copy(cls, pattern: Pattern, copies: Mapping[Node, Node], values: Mapping[str, Any]) -> Match:
+        """The match of ``pattern`` against a copy of its own graph: ``copies`` maps each pattern
+        node to its copy (as ``Graph.graph_copy`` fills it in), literal and module captures are
+        bound to ``values``, and module captures are called under their own names. What a rule's
+        guards see when its pattern computes on concrete values (the property checker's
+        :func:`~fxrewrite.testing.strategies.match_for`). No search: the correspondence is known,
+        and in the copy a literal capture is a placeholder, which the matcher would bind instead
+        of its value."""
+        bindings = {p.name: copies[pattern.placeholders[p.name]] if p.kind == "tensor" else values[p.name]
+                    for p in pattern.params}
+        module_paths = {p.name: p.name for p in pattern.params if p.kind == "module"}
+        return cls(pattern, bindings, tuple(copies[n] for n in pattern.inner_nodes),
+                   tuple(copies[n] for n in pattern.outputs), copies[pattern.anchor], module_paths, dict(copies))
+
 
 @attrs.frozen
 class Rejection:

@@ -4,6 +4,8 @@ cycles), without the driver around it."""
 
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.fx as fx
 
@@ -147,3 +149,22 @@ def test_a_pattern_with_alternatives_is_not_walked_straight():
     assert not pattern_of(lambda x, y: torch.relu(x + y)).choice_free  # two operand orders
     assert not pattern_of(lambda x: (torch.relu(x), torch.neg(x))).choice_free  # two outputs
     assert not pattern_of(lambda q: q / q.size(-1)).choice_free  # the size may be folded
+
+
+def test_a_match_on_a_copy_of_the_pattern_binds_the_copies_and_the_literal_values():
+    from fxrewrite import Rule
+
+    def pattern_fn(x, s: float):
+        return torch.relu(x) * s
+
+    def replacement(x, s: float):
+        return torch.relu(x * s)
+
+    rule = Rule.from_functions(pattern_fn, replacement, name="scale")
+    pattern = rule.compiled
+    copy = fx.Graph()
+    copies: dict = {}
+    copy.graph_copy(pattern.graph, copies)
+    m = Match.on_copy(pattern, copies, {"s": 2.0})
+    assert m.bindings["x"] is copies[pattern.placeholders["x"]] and m["s"] == 2.0
+    assert m.anchor is copies[pattern.anchor] and [n.target for n in m.nodes] == [torch.relu, operator.mul]

@@ -18,7 +18,6 @@ from torch.fx.node import Node
 
 from ..errors import FxRewriteError
 from ..match import Match
-from ..pattern import Pattern
 from ..rule import Rule
 from ..verify import fresh_copy
 
@@ -69,27 +68,7 @@ class GuardHarness:
             setattr(self.gm, name, fresh_copy(inputs[name]))
         with torch.no_grad():
             _RecordingInterpreter(self.gm).run(*(fresh_copy(inputs[name]) for name in self.placeholders))
-        return _match_on_copy(self.rule.compiled, self.env, inputs)
-
-
-def _match_on_copy(pattern: Pattern, copies: Mapping[Node, Node], values: Mapping[str, Any]) -> Match:
-    """The match of ``pattern`` against a copy of its own graph: ``copies`` maps each pattern
-    node to its copy (as ``Graph.graph_copy`` records them), literal and module captures are
-    bound to ``values``, module captures are called under their own names.
-
-    Built directly rather than searched with :func:`~fxrewrite.match.match_at`: the node
-    correspondence is known, and in the copy a literal capture is a placeholder, which the
-    matcher would bind instead of its value. Building a ``Match`` field by field belongs in
-    :mod:`fxrewrite.match`, next to the matcher's own construction, as a named constructor.
-    """
-    bindings = {p.name: copies[pattern.placeholders[p.name]] if p.kind == "tensor" else values[p.name]
-                for p in pattern.params}
-    module_paths = {p.name: p.name for p in pattern.params if p.kind == "module"}
-    return Match(
-        pattern=pattern, bindings=bindings, nodes=tuple(copies[n] for n in pattern.inner_nodes),
-        outputs=tuple(copies[n] for n in pattern.outputs), anchor=copies[pattern.anchor],
-        module_paths=module_paths, node_map=dict(copies),
-    )
+        return Match.on_copy(self.rule.compiled, self.env, inputs)
 
 
 class _RecordingInterpreter(fx.Interpreter):
