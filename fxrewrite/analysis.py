@@ -44,7 +44,7 @@ from torch.fx.node import Node, map_aggregate
 from .canon import attribute_at, canonical_arguments, is_commutative_call, op_key_of
 from .errors import FxRewriteError
 from .match import Match, match_at
-from .meta import propagate_inputs
+from .meta import propagate_inputs, record_values
 from .pattern import Param
 from .replace import Splicer
 from .rule import Rule, RulesLike, as_ruleset
@@ -237,7 +237,7 @@ def _modules_for(rule: Rule, width: int) -> dict[str, nn.Module] | None:
     captures = rule.compiled.module_captures
     if not captures:
         return {}
-    from .testing.strategies import default_module  # imported lazily: it imports hypothesis
+    from .testing._nn_modules import default_module  # imported lazily: builds torch.nn modules for captures
 
     declared = (rule.domain or {}).get("modules", {})
     out = {}
@@ -262,7 +262,7 @@ def _probe_shape(rule: Rule, param: Param, rank: int, side: int, modules: Mappin
     placeholder = rule.compiled.placeholders[param.name]
     consumers = [u for u in placeholder.users if u.op == "call_module" and u.args and u.args[0] is placeholder]
     if consumers and str(consumers[0].target) in modules:
-        from .testing.strategies import fit_input_shape
+        from .testing._nn_modules import fit_input_shape
 
         shape = fit_input_shape(modules[str(consumers[0].target)], shape)
     return shape
@@ -342,21 +342,12 @@ def _own_match(rule: Rule, gm: fx.GraphModule, anchor: Node) -> Match | None:
     return next(iter(matches), None)
 
 
-class _Recorder(fx.Interpreter):
-    """Runs a graph, leaving each node's value in ``meta["val"]`` (what guards read)."""
-
-    def run_node(self, n: Node) -> Any:
-        value = super().run_node(n)
-        n.meta["val"] = value
-        return value
-
-
 def _ran(gm: fx.GraphModule, inputs: Mapping[str, Any]) -> bool:
     """Run ``gm`` on ``inputs``, recording real values on its nodes; False when it raises."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     try:
         with torch.no_grad():
-            _Recorder(gm).run(*(inputs[str(p.target)] for p in placeholders))
+            record_values(gm, *(inputs[str(p.target)] for p in placeholders))
     except Exception:
         for n in gm.graph.nodes:
             n.meta.pop("val", None)

@@ -25,7 +25,7 @@ from torch.fx.node import Node, map_arg
 from ._torch import FakeTensor, FakeTensorMode, detect_fake_mode, reparametrized
 from .errors import RewriteError
 
-__all__ = ["has_values", "propagate_inputs", "propagate_values", "value_of"]
+__all__ = ["has_values", "propagate_inputs", "propagate_values", "record_values", "value_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -111,3 +111,23 @@ def _run(gm: fx.GraphModule, node: Node, args: Any, kwargs: Any, mode: Any) -> A
             value = getattr(value, part)
         return mode.from_tensor(value) if isinstance(value, torch.Tensor) else value
     raise ValueError(f"no value for a {node.op} node")
+
+
+def record_values(gm: fx.GraphModule, *args: Any) -> Any:
+    """Run ``gm`` on real ``args``, leaving each node's value in ``meta["val"]`` (what guards and
+    replacements read); returns the output. The property checker and the rule analysis run
+    patterns this way on concrete inputs.
+
+    >>> gm = fx.symbolic_trace(lambda a: a.relu() + 1)
+    >>> _ = record_values(gm, torch.tensor([-1.0, 2.0]))
+    >>> [n.meta["val"].tolist() for n in gm.graph.nodes if n.op == "call_function"]
+    [[1.0, 3.0]]
+    """
+    return _ValueRecorder(gm).run(*args)
+
+
+class _ValueRecorder(fx.Interpreter):
+    def run_node(self, n: Node) -> Any:
+        value = super().run_node(n)
+        n.meta["val"] = value
+        return value

@@ -18,6 +18,7 @@ from torch.fx.node import Node
 
 from ..errors import FxRewriteError
 from ..match import Match
+from ..meta import record_values
 from ..rule import Rule
 from ..verify import fresh_copy
 
@@ -67,17 +68,8 @@ class GuardHarness:
         for name in self.module_names:
             setattr(self.gm, name, fresh_copy(inputs[name]))
         with torch.no_grad():
-            _RecordingInterpreter(self.gm).run(*(fresh_copy(inputs[name]) for name in self.placeholders))
+            record_values(self.gm, *(fresh_copy(inputs[name]) for name in self.placeholders))
         return Match.on_copy(self.rule.compiled, self.env, inputs)
-
-
-class _RecordingInterpreter(fx.Interpreter):
-    """Runs a graph and records every node's value in ``node.meta["val"]`` (what guards read)."""
-
-    def run_node(self, n: Node) -> Any:
-        value = super().run_node(n)
-        n.meta["val"] = value
-        return value
 
 
 def match_for(rule: Rule, inputs: Mapping[str, Any]) -> Match:
