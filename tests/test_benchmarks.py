@@ -25,6 +25,7 @@ def bench():
     return _load("bench_rewrite")
 
 
+@pytest.mark.slow
 def test_quick_run_prints_every_workload_the_target_table_and_passes_its_correctness_checks(bench):
     out = io.StringIO()
     assert bench.main(["--quick", "--sizes", "300,600", "-q", "--fx-max-nodes", "300"], out=out) == 0
@@ -73,6 +74,7 @@ def test_a_wrong_rewrite_is_reported_as_a_correctness_failure(bench, monkeypatch
     assert status == 1 and "CORRECTNESS: FAIL" in out.getvalue() and "output differs" in out.getvalue()
 
 
+@pytest.mark.slow
 def test_bench_scale_quick_mode_runs_and_reports(capsys):
     bench = _load("bench_scale")
     code = bench.main(["--quick", "--nodes", "600"])
@@ -82,6 +84,7 @@ def test_bench_scale_quick_mode_runs_and_reports(capsys):
         assert word in out
 
 
+@pytest.mark.slow
 def test_bench_models_quick_runs_checks_and_prints_the_table():
     bench_models = _load("bench_models")
     buf = io.StringIO()

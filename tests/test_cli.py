@@ -341,6 +341,7 @@ def test_every_option_is_documented():
     ["apply", "examples/02_conv_bn_folding.py:trained_model", "--check"],
     ["apply", "examples/03_attention_to_sdpa.py:gpt", "--export", "--check"],
 ], ids=["traced", "export"])
+@pytest.mark.slow
 def test_a_clean_run_prints_no_warning(argv):
     done = fxrewrite_command(*argv)
     assert done.returncode == 0, done.stdout + done.stderr

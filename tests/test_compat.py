@@ -1338,6 +1338,7 @@ def test_long_chain_matches_torch_fx(api):
     torch.testing.assert_close(run(randn((8,)), out.ours.gm), run(randn((8,)), out.original))
 
 
+@pytest.mark.slow
 def test_twenty_thousand_node_chain():
     """10 000 matches in a 20 000-node chain: torch.fx needs a whole-graph cycle check per match
     (quadratic); fxrewrite must finish and be right. No timing is asserted."""

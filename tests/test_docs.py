@@ -20,7 +20,16 @@ def python_blocks(page: Path) -> list[str]:
     return BLOCK.findall(page.read_text())
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if python_blocks(p)], ids=lambda p: p.relative_to(ROOT).as_posix())
+#: Pages whose examples run property searches or torch.compile: in the slow set (CI runs it).
+SLOW_PAGES = {"docs/testing.md", "docs/torch-compile.md"}
+
+
+def _page_param(page: Path) -> object:
+    name = page.relative_to(ROOT).as_posix()
+    return pytest.param(page, id=name, marks=pytest.mark.slow) if name in SLOW_PAGES else pytest.param(page, id=name)
+
+
+@pytest.mark.parametrize("page", [_page_param(p) for p in PAGES if python_blocks(p)])
 def test_python_blocks_run(page, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     namespace: dict = {"__name__": f"docs_{page.stem}"}

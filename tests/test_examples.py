@@ -39,6 +39,7 @@ def load(name: str):
     return module
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", sorted(p.name for p in EXAMPLES.glob("[0-9]*.py")))
 def test_example_script_runs(script, capsys):
     if script.startswith("07_"):
@@ -358,6 +359,7 @@ def test_user_rules_dir_loads_from_a_relative_path(monkeypatch):
     assert len(fxrewrite.load_rules("examples/06_my_rules")) == 5
 
 
+@pytest.mark.slow
 def test_user_rules_property_verdicts(user_rules):
     from fxrewrite.testing import check_rule, evaluate
 
@@ -371,6 +373,7 @@ def test_user_rules_property_verdicts(user_rules):
     assert evaluate(user_rules["residual_axpy"], {"x": torch.ones(3), "y": torch.ones(3), "s": 0.5}) is None
 
 
+@pytest.mark.slow
 def test_user_rules_example_applies_only_the_rules_that_pass(ex06):
     outcome = ex06.main()
     assert outcome["checks"]["normalize_last"].verdict == "unsound"
@@ -443,6 +446,7 @@ def test_quantized_check_on_the_command_line_exits_1(monkeypatch):
     assert "check: FAILED" in out
 
 
+@pytest.mark.slow
 def test_output_folder_imports_and_runs_in_a_fresh_interpreter(tmp_path, monkeypatch):
     folder = tmp_path / "folded"
     code, out = run_cli(["apply", "examples/02_conv_bn_folding.py:trained_model", "-o", str(folder)], monkeypatch)

@@ -690,6 +690,7 @@ def test_random_graphs_are_valid_and_run(data):
     assert isinstance(out, tuple) and all(isinstance(t, torch.Tensor) for t in out)
 
 
+@pytest.mark.slow
 def test_every_planted_pattern_is_matched_by_its_rule():
     """Each plant, alone on a suitable input, is rewritten by the standard library (so the fuzzer
     really exercises the rules it means to)."""

@@ -282,6 +282,7 @@ def write_rules(root: Path, scale: str) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_uuid_is_the_same_in_another_process_and_follows_closed_over_globals(tmp_path):
     rules_dir = write_rules(tmp_path / "rules", "2.0")
     other = subprocess.run([sys.executable, "-c", UUID_OF_DIR, str(rules_dir)], capture_output=True, text=True,
@@ -487,6 +488,7 @@ def sdpa(q, k, v, mask, s: float):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=s)
 
 
+@pytest.mark.slow
 def test_gpt2_eager_attention_becomes_sdpa_inside_torch_compile():
     transformers = pytest.importorskip("transformers")
     config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=32,

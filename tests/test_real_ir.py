@@ -285,6 +285,7 @@ def test_values_and_indices_are_replaced_by_one_topk_call():
 
 # ---- the shipped library on exported graphs ------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_most_shipped_rules_match_the_export_of_their_own_case():
     """Each shipped rule's test case (tests/test_stdlib.py), exported, is rewritten by that rule.
     Rules whose pattern calls a module (conv_bn_fold, ...) cannot match an exported graph, where

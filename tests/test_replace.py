@@ -169,6 +169,7 @@ def _spliced(result):
     return result.code, nodes
 
 
+@pytest.mark.slow
 def test_replaying_a_replacement_splices_what_calling_it_again_would_on_the_whole_library(monkeypatch):
     import sys
     from pathlib import Path

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import lark
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.lark import from_lark
@@ -102,6 +103,7 @@ def texts_from(start: str) -> st.SearchStrategy[str]:
 GRAMMAR_TEXT = st.one_of(texts_from("start"), texts_from("rule_def"))
 
 
+@pytest.mark.slow
 @FUZZ
 @given(GRAMMAR_TEXT)
 def test_grammar_generated_text(text):

@@ -33,6 +33,7 @@ def test_all_sound_exits_zero_with_a_table(tmp_path):
     assert lines[-1].startswith("1 rule(s) checked in ") and lines[-1].endswith(": 1 sound")
 
 
+@pytest.mark.slow
 def test_an_unsound_rule_exits_one_and_prints_its_report(tmp_path):
     (tmp_path / "mixed.fxr").write_text(SOUND + "\n" + UNSOUND)
     status, out = check([tmp_path], examples=15)
@@ -87,6 +88,7 @@ def rows(out):
             and re.match(r"\S+\s+\S+:\d+\s+\d+\s+\S+\s+\d+\.\d\ds$", line)]
 
 
+@pytest.mark.slow
 def test_processes_give_the_rows_and_reports_of_one_process(tmp_path):
     (tmp_path / "a.fxr").write_text(THREE)
     (tmp_path / "b.fxr").write_text(UNSOUND)
@@ -101,6 +103,7 @@ def test_processes_give_the_rows_and_reports_of_one_process(tmp_path):
     assert out_2.rstrip().endswith(": 3 sound, 1 unsound")
 
 
+@pytest.mark.slow
 def test_spawned_processes_load_the_rules_again(tmp_path, monkeypatch):
     (tmp_path / "a.fxr").write_text(THREE)
     monkeypatch.setattr(check_cli, "_START_METHOD", "spawn")
@@ -151,6 +154,7 @@ def test_a_terminal_gets_a_status_line_that_is_cleared_before_each_row(tmp_path)
     assert "\x1b[K" not in plain.getvalue()
 
 
+@pytest.mark.slow
 def test_the_command_line_selects_runs_in_processes_and_exits_1_on_an_unsound_rule(tmp_path, capsys):
     from fxrewrite.cli import main
 

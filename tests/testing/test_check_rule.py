@@ -60,6 +60,7 @@ def test_one_counterexample_per_kind_of_difference():
     assert "another counterexample: the replacement returns a different dtype" in result.message
 
 
+@pytest.mark.slow
 def test_broadcasting_differences_are_found():
     add_sub = rule(lambda x, y: x + y - y, lambda x, y: x, name="add_sub",
                    domain={**FLOATS, "special_values": False, "min_value": -100, "max_value": 100})
@@ -97,6 +98,7 @@ def test_the_random_generator_is_seeded_identically_for_both_sides():
     assert check_rule(dropout, max_examples=30).ok
 
 
+@pytest.mark.slow
 def test_the_search_is_deterministic_and_a_seed_changes_it():
     wrong = rule(lambda x: torch.exp(torch.log(x)), lambda x: x, name="exp_log", domain=FLOATS)
     first, second = check_rule(wrong, max_examples=EXAMPLES), check_rule(wrong, max_examples=EXAMPLES)
@@ -151,6 +153,7 @@ def test_report_shows_the_declared_tolerance_and_domain():
     assert "  domain:      declared {'dtypes': (torch.float64,), 'special_values': False} -> dtypes float64" in message
 
 
+@pytest.mark.slow
 def test_report_shows_default_tolerance_and_domain():
     message = check_rule(DIV_SELF, max_examples=EXAMPLES).message
     assert ("  tolerance:   default (as torch.testing.assert_close; for torch.float32: rtol=1.3e-06, atol=1e-05)"
@@ -191,6 +194,7 @@ def test_a_declared_domain_restricts_the_inputs():
     assert check_rule(rule(**mul_one, domain=FLOATS), max_examples=EXAMPLES).ok
 
 
+@pytest.mark.slow
 def test_a_rule_unsound_only_where_its_guard_is_false_passes():
     floor_one = dict(pattern=lambda x: x // 1, replacement=lambda x: x, name="floor_one")
     assert not check_rule(rule(**floor_one), max_examples=EXAMPLES).ok
@@ -274,6 +278,7 @@ def test_conv_bn_folding_that_drops_the_conv_bias_is_caught():
 # -- assert_rule_equivalent -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_assert_rule_equivalent_raises_not_equivalent_with_the_report():
     with pytest.raises(NotEquivalent) as info:
         assert_rule_equivalent(DIV_SELF, max_examples=EXAMPLES)

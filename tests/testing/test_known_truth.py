@@ -220,6 +220,7 @@ def test_the_suite_is_large_and_balanced():
     assert all(c.examples <= 200 for c in CASES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("known", CASES, ids=lambda c: f"{c.rule.name}-{c.expected}")
 def test_verdict_matches_the_known_truth(known: Case):
     result = check_rule(known.rule, max_examples=known.examples)

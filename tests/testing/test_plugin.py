@@ -166,6 +166,7 @@ def test_loading_the_plugin_imports_neither_hypothesis_nor_the_checker():
     assert out.strip() == "[]"
 
 
+@pytest.mark.slow
 def test_failure_report_in_a_subprocess_matches_check_rule(pytester, rules_dir):
     from fxrewrite.loader import load_rules
     from fxrewrite.testing import check_rule

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.fx as fx
 
@@ -159,6 +160,7 @@ def test_a_repair_keeps_the_rules_own_guards_and_says_so():
     assert result.repair_code.endswith("# in addition to the rule's own guards")
 
 
+@pytest.mark.slow
 def test_the_fxr_lines_of_a_repair_paste_into_a_rule_file():
     source = 'rule sqrt_square:\n    torch.sqrt(x * x) => torch.abs(x)\n    domain dtypes=(torch.float32,)\n'
     (rule,) = fxrewrite.parse_rules(source)

@@ -516,6 +516,7 @@ print(small.numel(), large.numel(), float(small.flatten()[0]) != 0, bool(torch.i
 """
 
 
+@pytest.mark.slow
 def test_a_broadcasting_bug_is_not_hidden_by_overflow_and_shrinks_to_two_elements():
     # most drawn float tensors hold a nan, an inf or a huge value, which makes both sums inf or nan;
     # a third of them hold small whole numbers only, where the broadcast shows. Run in a fresh
