@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import io
-import sys
 from pathlib import Path
 
 import pytest
+
+from fxrewrite.loader import import_file
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return import_file(BENCHMARKS / f"{name}.py", prefix="tests_")
 
 
 @pytest.fixture(scope="module")

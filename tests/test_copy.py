@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,17 +10,14 @@ import torch
 import torch.fx as fx
 
 from fxrewrite import Rule, rewrite
+from fxrewrite.loader import import_file
 from fxrewrite.target import _copy_graph, _copy_graph_module
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def _example(name: str):
-    spec = importlib.util.spec_from_file_location(f"copy_test_{name}", EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return import_file(EXAMPLES / f"{name}.py", prefix="tests_copy_")
 
 
 def _traced_models() -> dict[str, fx.GraphModule]:

@@ -8,7 +8,7 @@ says which rules fired. (tests/test_benchmarks.py runs benchmarks/bench_models.p
 
 from __future__ import annotations
 
-import importlib.util
+import functools
 import io
 import math
 import runpy
@@ -26,17 +26,14 @@ from torch import fx, nn
 
 import fxrewrite
 from fxrewrite import cli
+from fxrewrite.loader import import_file
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 
 
 def load(name: str):
-    spec = importlib.util.spec_from_file_location(name.replace(".py", ""), EXAMPLES / name)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return import_file(EXAMPLES / name, prefix="tests_examples_")
 
 
 @pytest.mark.slow
@@ -113,15 +110,10 @@ def test_gpt2_eager_attention_becomes_sdpa_from_the_command_line(capsys):
 # ---- examples 03-06: shared helpers --------------------------------------------------------------------------
 
 
+@functools.cache
 def load_once(filename: str):
     """Import ``examples/<filename>`` once per test session (the module-scoped fixtures share it)."""
-    name = "examples_once_" + filename.removesuffix(".py")
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, EXAMPLES / filename)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return import_file(EXAMPLES / filename, prefix="tests_examples_once_")
 
 
 def fired(result: fxrewrite.RewriteResult) -> dict[str, int]:

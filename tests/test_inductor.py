@@ -25,6 +25,7 @@ import fxrewrite
 from fxrewrite import Rule, RuleSet
 from fxrewrite.errors import ArgumentError
 from fxrewrite.inductor import RulePass, compile_options, fingerprint
+from fxrewrite.loader import import_file
 from fxrewrite.rewrite import rewrite_graph
 
 SILU = Rule.from_functions(lambda x: x * torch.sigmoid(x), lambda x: F.silu(x), name="silu")
@@ -441,12 +442,8 @@ def test_rewrite_graph_refuses_what_is_not_a_graph():
 
 def test_example_08_rules_directory_fires_inside_a_compiled_gpt():
     """tests/test_examples.py runs the whole script; this checks what fired, backend only."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parent.parent / "examples" / "08_rules_in_torch_compile.py"
-    spec = importlib.util.spec_from_file_location("example_08_rules_in_torch_compile", path)
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
+    example = import_file(Path(__file__).resolve().parent.parent / "examples" / "08_rules_in_torch_compile.py",
+                          prefix="tests_")
     rules = fxrewrite.load_rules(example.RULES_DIR)
     assert fxrewrite.inductor_pass(example.RULES_DIR).uuid() == fxrewrite.inductor_pass(rules).uuid()  # a path works
     net = example.model()
@@ -460,12 +457,8 @@ def test_example_08_rules_directory_fires_inside_a_compiled_gpt():
 
 @pytest.mark.slow
 def test_bench_compile_measures_the_pass_next_to_the_compile(capsys):
-    import importlib.util
-
     path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_compile.py"
-    spec = importlib.util.spec_from_file_location("bench_compile", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = import_file(path, prefix="tests_")
     rules_dir = path.parent.parent / "examples" / "08_rules"
     rows = bench.main(["--model", "tiny", "--layers", "1", "--stages", "pre_grad", "--rules", str(rules_dir)])
     baseline, with_pass = rows
