@@ -8,7 +8,9 @@ module (it imports fxrewrite at module level), as the loader skips ``_``-prefixe
 * a model with state (:class:`StatefulNet`) and snapshots of everything a rewrite must leave
   alone (:func:`module_state`, :func:`graph_state`, :func:`assert_same_state`);
 * small rule builders (:func:`neg_neg`, and rules that break the graph behind the splice's back)
-  and the standard library, loaded once (:func:`standard_rules`).
+  and the standard library, loaded once (:func:`standard_rules`);
+* a small Hugging Face GPT-2 with eager attention and the rule that turns its attention into
+  ``scaled_dot_product_attention`` (:func:`tiny_eager_gpt2`, :func:`hf_attention_rule`).
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 
 import fxrewrite
 from fxrewrite import Rule
@@ -196,3 +200,34 @@ def assert_consistent(gm: fx.GraphModule, reference: torch.nn.Module) -> None:
     assert gm.code == gm.graph.python_code("self").src
     with torch.no_grad():
         torch.testing.assert_close(gm(X.clone()), reference(X.clone()), rtol=1e-5, atol=1e-6)
+
+
+# ---- Hugging Face GPT-2 ------------------------------------------------------------------------
+
+
+def tiny_eager_gpt2() -> torch.nn.Module:
+    """A seeded 2-layer ``GPT2LMHeadModel`` (width 64, 128 tokens) with transformers' eager
+    attention, in eval mode; the calling test is skipped when transformers is not installed."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=32,
+                                     bos_token_id=0, eos_token_id=0)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+def _hf_attention(q: Any, k: Any, v: Any, mask: Any, s: float) -> Any:
+    """GPT-2's eager attention as transformers writes it (``.type(value.dtype)`` is folded to a
+    dtype literal in Dynamo's graph, and matched through the value's metadata)."""
+    weights = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * s + mask, dim=-1)
+    return torch.matmul(F.dropout(weights.type(v.dtype), p=0.0, training=False), v)
+
+
+def _sdpa(q: Any, k: Any, v: Any, mask: Any, s: float) -> Any:
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=s)
+
+
+def hf_attention_rule() -> Rule:
+    """``hf_attention``: GPT-2's eager attention becomes ``scaled_dot_product_attention``."""
+    return Rule.from_functions(_hf_attention, _sdpa, name="hf_attention")
+

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from _helpers import assert_rewrite_sound
+from _helpers import assert_rewrite_sound, hf_attention_rule, tiny_eager_gpt2
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.export import Dim, ExportedProgram
@@ -235,12 +235,7 @@ def test_rewritten_program_compiles_with_aot_inductor(model, program, tmp_path):
 
 
 def test_gpt2_eager_attention_becomes_sdpa_in_the_exported_program(tmp_path):
-    transformers = pytest.importorskip("transformers")
-    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=32,
-                                     bos_token_id=0, eos_token_id=0)
-    config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    gpt2 = transformers.GPT2LMHeadModel(config).eval()
+    gpt2 = tiny_eager_gpt2()
 
     class Logits(nn.Module):
         def __init__(self) -> None:
@@ -250,16 +245,9 @@ def test_gpt2_eager_attention_becomes_sdpa_in_the_exported_program(tmp_path):
         def forward(self, ids):
             return self.gpt2(ids, use_cache=False).logits
 
-    def hf_attention(q, k, v, mask, s: float):  # as transformers writes GPT-2's eager attention
-        weights = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * s + mask, dim=-1)
-        return torch.matmul(F.dropout(weights.type(v.dtype), p=0.0, training=False), v)
-
-    def sdpa(q, k, v, mask, s: float):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=s)
-
     model, ids = Logits().eval(), torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
     program = torch.export.export(model, (ids,))
-    result = fxrewrite.rewrite(program, Rule.from_functions(hf_attention, sdpa, name="hf_attention"))
+    result = fxrewrite.rewrite(program, hf_attention_rule())
     assert result.report.applied == {"hf_attention": 2}
     rewritten = result.exported_program
     assert specs(rewritten) == specs(program)

@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
+from _helpers import hf_attention_rule, tiny_eager_gpt2
 from torch._dynamo.utils import counters
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
@@ -470,25 +471,9 @@ def test_bench_compile_measures_the_pass_next_to_the_compile(capsys):
 # -- Hugging Face GPT-2 ------------------------------------------------------------------------
 
 
-def hf_attention(q, k, v, mask, s: float):
-    """GPT-2's eager attention as transformers writes it (``.type(value.dtype)`` is folded to a
-    dtype literal in Dynamo's graph, and matched through the value's metadata)."""
-    weights = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * s + mask, dim=-1)
-    return torch.matmul(F.dropout(weights.type(v.dtype), p=0.0, training=False), v)
-
-
-def sdpa(q, k, v, mask, s: float):
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=s)
-
-
 @pytest.mark.slow
 def test_gpt2_eager_attention_becomes_sdpa_inside_torch_compile():
-    transformers = pytest.importorskip("transformers")
-    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=32,
-                                     bos_token_id=0, eos_token_id=0)
-    config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(config).eval()
+    model = tiny_eager_gpt2()
     ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
     graphs = []
 
@@ -496,7 +481,7 @@ def test_gpt2_eager_attention_becomes_sdpa_inside_torch_compile():
         graphs.append(op_names(gm.graph))
         return gm.forward
 
-    backend = fxrewrite.backend(Rule.from_functions(hf_attention, sdpa, name="hf_attention"), then=keep_then_eager)
+    backend = fxrewrite.backend(hf_attention_rule(), then=keep_then_eager)
     with torch.no_grad():
         torch.testing.assert_close(torch.compile(model, backend=backend)(ids).logits, model(ids).logits,
                                    rtol=1e-4, atol=1e-5)
