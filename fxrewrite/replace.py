@@ -395,7 +395,6 @@ class Splicer:
         #: Per template key: the template of the first call, then (once a second call recorded the
         #: same) the confirmed template, or None when the replacement cannot be replayed.
         self._templates: dict[Hashable, tuple[_Template | None, bool]] = {}
-        self._literal_captures: dict[str, tuple[str, ...] | None] = {}
 
     def __enter__(self) -> Splicer:
         self._previous = _ModuleCalls.enter(self.tracer)
@@ -419,7 +418,7 @@ class Splicer:
         annotated = has_values(match.bindings.values()) and all(result_kind(o) != "value" for o in match.outputs)
         tracer.begin(rule, aten=any(isinstance(n.target, torch._ops.OpOverload) for n in match.nodes),
                      annotate=annotated, anchor=match.anchor)
-        key = _template_key(rule, self._literal_names(rule), match, tracer) if REPLAY else None
+        key = _template_key(rule, match, tracer) if REPLAY else None
         known = self._templates.get(key) if key is not None else None
         try:
             with self.gm.graph.inserting_before(point):
@@ -452,14 +451,6 @@ class Splicer:
         self.last_outputs = new_outputs
         return tracer.created
 
-    def _literal_names(self, rule: Rule) -> tuple[str, ...] | None:
-        """:func:`_literal_captures` of ``rule``, worked out once per rewrite."""
-        try:
-            return self._literal_captures[rule.name]
-        except KeyError:
-            names = self._literal_captures[rule.name] = _literal_captures(rule)
-            return names
-
     def _learn(self, key: Hashable, known: tuple[_Template | None, bool] | None, match: Match,
                tracer: _ReplacementTracer, outputs: list[Node]) -> None:
         """After calling a replacement: remember its graph, and trust it for replay once a
@@ -475,12 +466,11 @@ class Splicer:
             self._templates[key] = (template, True) if same else (None, True)
 
 
-def _template_key(rule: Rule, literal_names: tuple[str, ...] | None, match: Match,
-                  tracer: _ReplacementTracer) -> Hashable | None:
+def _template_key(rule: Rule, match: Match, tracer: _ReplacementTracer) -> Hashable | None:
     """What a replacement's recorded graph may depend on besides the bound tensors: the rule,
-    the graph's level, the values of its literal captures (``literal_names``, see
-    :func:`_literal_captures`) and which variables bound the same value (``None``: never
-    replayed, e.g. a module capture)."""
+    the graph's level, the values of its literal captures and which variables bound the same
+    value (``None``: never replayed, e.g. a module capture)."""
+    literal_names = _literal_captures(rule)
     if literal_names is None:
         return None
     bindings = match.bindings
