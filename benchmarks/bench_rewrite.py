@@ -878,17 +878,30 @@ def _near(size: int, wanted: int) -> bool:
     return abs(size - wanted) <= wanted * 0.05
 
 
+def _create3_rows(density: float, rules: tuple[int, ...]) -> Callable[[Row], bool]:
+    """The rows of the issue's create3 targets: chain graphs of 8k and 64k nodes at ``density``
+    with one of these rule counts."""
+    return lambda r: (r.workload == "create3" and r.shape == "chain" and r.density == density and r.rules in rules
+                      and (_near(r.size, 8000) or _near(r.size, 64000)))
+
+
+def _memory_target(rows: list[Row], budget: Callable[[Row], float | None], limit: str) -> Target:
+    """The worst peak memory of a copying rewrite against ``budget(row)``."""
+    memory = [(r.rewrite_peak_kb / b, f"{r.workload} {r.shape} N={r.nodes}")
+              for r in rows for b in [budget(r)] if r.rewrite_peak_kb is not None and b]
+    worst = _worst(memory)
+    return Target("peak memory of a copying rewrite (tracemalloc)", limit,
+                  "-" if worst is None else f"worst {worst[0]:.2f}x of that budget ({worst[1]})",
+                  "not measured" if worst is None else ("PASS" if worst[0] <= 1.0 else "FAIL"))
+
+
 def targets(rows: list[Row], exps: list[dict[str, Any]], check_seconds: float | None,
             check_note: str) -> list[Target]:
     """The issue's target table, evaluated on the measured rows."""
-    create3 = lambda r, d: r.workload == "create3" and r.shape == "chain" and r.density == d  # noqa: E731
     out = [
         _ratio_target(rows, "copying rewrite, 3 created nodes, 50% matched, R=10, 8k and 64k",
-                      lambda r: create3(r, 0.5) and r.rules == 10 and (_near(r.size, 8000) or _near(r.size, 64000)),
-                      "rewrite_ms", 1.5),
-        _ratio_target(rows, "the same, 10% matched, R=10 and R=50",
-                      lambda r: create3(r, 0.1) and r.rules in (10, 50) and (_near(r.size, 8000) or _near(r.size, 64000)),
-                      "rewrite_ms", 1.25),
+                      _create3_rows(0.5, (10,)), "rewrite_ms", 1.5),
+        _ratio_target(rows, "the same, 10% matched, R=10 and R=50", _create3_rows(0.1, (10, 50)), "rewrite_ms", 1.25),
         _ratio_target(rows, "inplace=True, all rows", lambda r: True, "inplace_ms", 1.2),
     ]
     slopes = [(e[kind], f"{kind} {e['workload']} {e['shape']} {e['density']:.0%} R={e['rules']}")
@@ -902,31 +915,19 @@ def targets(rows: list[Row], exps: list[dict[str, Any]], check_seconds: float | 
     out.append(Target("fxrewrite check, shipped library, -j 2", "<= 90 s",
                       "-" if check_seconds is None else f"{check_seconds:.0f} s wall ({check_note})",
                       "not measured" if check_seconds is None else ("PASS" if check_seconds <= 90 else "FAIL")))
-    memory = [(r.rewrite_peak_kb / r.memory_budget_kb, f"{r.workload} {r.shape} N={r.nodes}")
-              for r in rows if r.rewrite_peak_kb is not None and r.memory_budget_kb]
-    worst = _worst(memory)
-    out.append(Target("peak memory of a copying rewrite (tracemalloc)", "<= recompile peak + 1 graph copy",
-                      "-" if worst is None else f"worst {worst[0]:.2f}x of that budget ({worst[1]})",
-                      "not measured" if worst is None else ("PASS" if worst[0] <= 1.0 else "FAIL")))
+    out.append(_memory_target(rows, lambda r: r.memory_budget_kb, "<= recompile peak + 1 graph copy"))
     return out
 
 
 def context_rows(rows: list[Row]) -> list[Target]:
     """The time and memory rows of the target table measured against the result's own
     ``recompile()`` (and, for memory, one copy of the result's graph)."""
-    create3 = lambda r, d: r.workload == "create3" and r.shape == "chain" and r.density == d  # noqa: E731
-    sizes = lambda r: _near(r.size, 8000) or _near(r.size, 64000)  # noqa: E731
-    memory = [(r.rewrite_peak_kb / r.result_memory_budget_kb, f"{r.workload} {r.shape} N={r.nodes}")
-              for r in rows if r.rewrite_peak_kb is not None and r.result_memory_budget_kb]
-    worst = _worst(memory)
     return [
-        _ratio_target(rows, "copying rewrite, 3 created nodes, 50%, R=10", lambda r: create3(r, 0.5) and r.rules == 10
-                      and sizes(r), "rewrite_ms", 1.5, "result_recompile_ms", "result recompile"),
-        _ratio_target(rows, "the same, 10% matched, R=10 and R=50", lambda r: create3(r, 0.1) and sizes(r),
-                      "rewrite_ms", 1.25, "result_recompile_ms", "result recompile"),
-        Target("peak memory of a copying rewrite (tracemalloc)", "<= result's recompile peak + 1 copy",
-               "-" if worst is None else f"worst {worst[0]:.2f}x of that budget ({worst[1]})",
-               "not measured" if worst is None else ("PASS" if worst[0] <= 1.0 else "FAIL")),
+        _ratio_target(rows, "copying rewrite, 3 created nodes, 50%, R=10", _create3_rows(0.5, (10,)), "rewrite_ms",
+                      1.5, "result_recompile_ms", "result recompile"),
+        _ratio_target(rows, "the same, 10% matched, R=10 and R=50", _create3_rows(0.1, (10, 50)), "rewrite_ms", 1.25,
+                      "result_recompile_ms", "result recompile"),
+        _memory_target(rows, lambda r: r.result_memory_budget_kb, "<= result's recompile peak + 1 copy"),
     ]
 
 
