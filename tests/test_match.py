@@ -123,11 +123,7 @@ def _every_match(pattern, gm, *, searched: bool):
 
 
 def test_the_straight_walk_finds_what_the_search_finds_for_every_shipped_rule_on_every_shipped_case():
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from test_stdlib import CASES, LIBRARY
+    from test_stdlib import CASES, LIBRARY  # tests/ is on sys.path, as for _helpers
 
     from fxrewrite.meta import propagate_inputs
     from fxrewrite.target import to_graph_module

@@ -171,11 +171,7 @@ def _spliced(result):
 
 @pytest.mark.slow
 def test_replaying_a_replacement_splices_what_calling_it_again_would_on_the_whole_library(monkeypatch):
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from test_stdlib import CASES, LIBRARY
+    from test_stdlib import CASES, LIBRARY  # tests/ is on sys.path, as for _helpers
 
     import fxrewrite.replace as replace
 
