@@ -10,12 +10,15 @@ module (it imports fxrewrite at module level), as the loader skips ``_``-prefixe
 * small rule builders (:func:`neg_neg`, and rules that break the graph behind the splice's back)
   and the standard library, loaded once (:func:`standard_rules`);
 * a small Hugging Face GPT-2 with eager attention and the rule that turns its attention into
-  ``scaled_dot_product_attention`` (:func:`tiny_eager_gpt2`, :func:`hf_attention_rule`).
+  ``scaled_dot_product_attention`` (:func:`tiny_eager_gpt2`, :func:`hf_attention_rule`);
+* :func:`counting_calls`, the measure of work of the linear-cost tests.
 """
 
 from __future__ import annotations
 
+import cProfile
 import functools
+import pstats
 import textwrap
 import warnings
 from collections.abc import Callable
@@ -200,6 +203,21 @@ def assert_consistent(gm: fx.GraphModule, reference: torch.nn.Module) -> None:
     assert gm.code == gm.graph.python_code("self").src
     with torch.no_grad():
         torch.testing.assert_close(gm(X.clone()), reference(X.clone()), rtol=1e-5, atol=1e-6)
+
+
+# ---- work counted in function calls --------------------------------------------------------------
+
+
+def counting_calls(fn: Callable[[], Any]) -> tuple[Any, int]:
+    """``fn()``'s result and the number of Python function calls it made: a deterministic measure
+    of work for the linear-cost tests (seconds are not)."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        result = fn()
+    finally:
+        profiler.disable()
+    return result, sum(stat[1] for stat in pstats.Stats(profiler).stats.values())
 
 
 # ---- Hugging Face GPT-2 ------------------------------------------------------------------------

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import cProfile
 import operator
-import pstats
 
 import torch
 import torch.fx as fx
+from _helpers import counting_calls
 
 from fxrewrite import Rule, explain, rewrite
 from fxrewrite.compat import find_fx_matches
@@ -113,13 +112,10 @@ def _sines(count: int) -> fx.GraphModule:
 
 def _calls_to_rewrite(count: int) -> int:
     gm = _sines(count)
-    profiler = cProfile.Profile()
-    profiler.enable()
-    result = rewrite(gm, DISCONNECTED, inplace=True)
-    profiler.disable()
+    result, calls = counting_calls(lambda: rewrite(gm, DISCONNECTED, inplace=True))
     assert result.report.applied["disconnected"] == 0 and result.report.attempts["disconnected"] == count
     torch.testing.assert_close(result.module(torch.ones(2)), gm(torch.ones(2)))
-    return sum(stat[1] for stat in pstats.Stats(profiler).stats.values())
+    return calls
 
 
 def test_disconnected_patterns_cost_linear_work_not_a_graph_scan_per_candidate():
