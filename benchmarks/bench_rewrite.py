@@ -42,6 +42,7 @@ failed.
 from __future__ import annotations
 
 import argparse
+import copy
 import cProfile
 import gc
 import io
@@ -68,13 +69,16 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 import torch
 from torch import fx, nn
+from torch.nn.utils.fusion import fuse_conv_bn_weights
 
 try:
     import fxrewrite
 except ImportError:  # running from a checkout without the package installed
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import fxrewrite
-from fxrewrite.target import _copy_graph
+from fxrewrite._gc import collections_paused
+from fxrewrite._torch import add_node, fresh_node_name, node_name_base
+from fxrewrite.target import _copy_graph, to_graph_module
 
 RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
 SEED = 20240611
@@ -195,6 +199,21 @@ class Workload:
     def expected_module(self, spec: GraphSpec) -> fx.GraphModule:
         """A module computing what the rewritten graph must compute."""
         return build(spec, rewritten_by=self) if self.exact else build(spec)
+
+    def hand_replacement(self, gm: fx.GraphModule, block: list[fx.Node], rule: int) -> fx.Node:
+        """The floor's edit: create, at the graph's insertion point, what the rule leaves for
+        ``block`` (its nodes in order) and return the value replacing the block's last node."""
+        src = block[0].args[0]
+        emitted: list[fx.Node] = []
+
+        def emit(op: Op) -> int:
+            opcode, target, args = op
+            emitted.append(cheapest_node(gm.graph, opcode, target, tuple(
+                src if a == -1 else emitted[a] if _is_value(a) else a for a in args)))
+            return len(emitted) - 1
+
+        last = self.replacement_ops(rule, -1, emit)
+        return src if last == -1 else emitted[last]
 
 
 def _pair_rules(count: int) -> list[tuple[Callable[..., Any], Callable[..., Any]]]:
@@ -348,6 +367,16 @@ class FoldConvBn(Workload):
     def ruleset(self) -> fxrewrite.RuleSet:
         return fxrewrite.load_rules(RULES_DIR / "fusion.py")
 
+    def hand_replacement(self, gm: fx.GraphModule, block: list[fx.Node], rule: int) -> fx.Node:
+        conv, bn = (gm.get_submodule(n.target) for n in block)
+        name = f"{block[0].target}_folded"
+        folded = copy.deepcopy(conv)
+        assert isinstance(bn, nn.BatchNorm2d) and bn.running_mean is not None and bn.running_var is not None
+        folded.weight, folded.bias = fuse_conv_bn_weights(conv.weight, conv.bias, bn.running_mean, bn.running_var,
+                                                          bn.eps, bn.weight, bn.bias)
+        gm.add_submodule(name, folded)
+        return cheapest_node(gm.graph, "call_module", name, (block[0].args[0],))
+
 
 class Attention(Workload):
     """``softmax(q @ k.transpose(-2, -1) * s, -1) @ v`` blocks (q the block's input, k and v
@@ -372,6 +401,11 @@ class Attention(Workload):
 
     def ruleset(self) -> fxrewrite.RuleSet:
         return fxrewrite.load_rules(RULES_DIR / "attention.py")
+
+    def hand_replacement(self, gm: fx.GraphModule, block: list[fx.Node], rule: int) -> fx.Node:
+        k, v = block[0], block[1]
+        return cheapest_node(gm.graph, "call_function", torch.nn.functional.scaled_dot_product_attention,
+                             (k.args[0], k, v), {"scale": ATTENTION_SCALE})
 
     def fx_rules(self) -> list[tuple[str, Callable[..., Any], Callable[..., Any]]]:
         def pattern(q, k, v):  # type: ignore[no-untyped-def]
@@ -580,6 +614,38 @@ def _fx_apply(gm: fx.GraphModule, defs: Sequence[tuple[str, Callable[..., Any], 
     return [len(fx.replace_pattern(gm, pattern, replacement)) for _, pattern, replacement in defs]
 
 
+def cheapest_node(graph: fx.Graph, op: str, target: Any, args: tuple[Any, ...],
+                  kwargs: dict[str, Any] | None = None) -> fx.Node:
+    """A node inserted the cheapest way known (fxrewrite's ``add_node``: ``create_node``
+    without its per-argument pytree walk), for the floor."""
+    name = fresh_node_name(graph, node_name_base(graph, target))
+    return add_node(graph, name, op, target, args, kwargs or {})
+
+
+def hand_rewrite(gm: fx.GraphModule, spec: GraphSpec, work: Workload) -> fx.GraphModule:
+    """The floor of a rewrite on fx: the edits a rule set makes, written by hand where the blocks
+    are known to be (no matching, no checks, no lint), then ``recompile()``; with the cyclic GC
+    paused, as ``rewrite`` pauses it."""
+    with collections_paused():
+        nodes = list(gm.graph.nodes)
+        for first, last, rule in spec.blocks:
+            block = nodes[first + 1:last + 2]  # node 0 is the placeholder
+            with gm.graph.inserting_before(block[-1]):
+                value = work.hand_replacement(gm, block, rule)
+            block[-1].replace_all_uses_with(value)
+            for node in reversed(block):
+                if not node.users:
+                    gm.graph.erase_node(node)
+        gm.recompile()
+    return gm
+
+
+def copying_hand_rewrite(base: fx.GraphModule, spec: GraphSpec, work: Workload) -> fx.GraphModule:
+    """:func:`hand_rewrite` of the cheapest copy of ``base`` known (the one ``rewrite`` makes)."""
+    with collections_paused():
+        return hand_rewrite(to_graph_module(base), spec, work)
+
+
 @dataclass
 class Row:
     workload: str
@@ -598,6 +664,10 @@ class Row:
     #: ``recompile()`` of the rewritten module: fx's code generation for the result, which a
     #: rewrite ends with (larger than the input's when replacements create nodes).
     result_recompile_ms: float | None = None
+    #: The floor: the same edits by hand at the planted blocks, then ``recompile()``, on a copy
+    #: (``floor_ms``) and in place (``inplace_floor_ms``); see :func:`hand_rewrite`.
+    floor_ms: float | None = None
+    inplace_floor_ms: float | None = None
     pass_ms: float | None = None
     applied: int | None = None
     rewrite_peak_kb: float | None = None
@@ -606,6 +676,7 @@ class Row:
     #: The same two for the rewritten module (larger than the input when replacements create nodes).
     result_recompile_peak_kb: float | None = None
     result_copy_kb: float | None = None
+    floor_peak_kb: float | None = None
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -701,7 +772,7 @@ class Bench:
                  base: fx.GraphModule, x: torch.Tensor, expected: Any) -> None:
         clock = CLOCKS[self.args.clock]
         times: dict[str, list[float]] = {"rewrite": [], "inplace": [], "fx": [], "pass": [], "recompile": [],
-                                         "result_recompile": []}
+                                         "result_recompile": [], "floor": [], "inplace_floor": []}
         fx_skip = self.fx_plan(row, work)
         before = base.code
         for _ in range(self.args.repeat):
@@ -725,18 +796,34 @@ class Bench:
             except Exception as exc:  # noqa: BLE001
                 row.errors.append(f"rewrite(inplace=True) raised {type(exc).__name__}: {exc}")
             result = gm = None
+            self._time_floor(spec, work, base, times, clock, row, x, expected)
             if fx_skip is None and sum(times["fx"]) < self.args.fx_limit:
                 fx_skip = self._time_fx(row, spec, work, times, clock, x, expected)
         row.pass_ms, row.recompile_ms = _median_ms(times["pass"]), _median_ms(times["recompile"])
         row.result_recompile_ms = _median_ms(times["result_recompile"])
         row.rewrite_ms, row.inplace_ms = _median_ms(times["rewrite"]), _median_ms(times["inplace"])
+        row.floor_ms, row.inplace_floor_ms = _median_ms(times["floor"]), _median_ms(times["inplace_floor"])
         if fx_skip is None and times["fx"]:
             row.fx_ms = _median_ms(times["fx"])
             self.fx_history.setdefault(row.key, []).append((row.size, statistics.median(times["fx"])))
         else:
             row.fx_status = fx_skip or "skipped"
         if not self.args.no_memory:
-            self._memory(row, base, ruleset)
+            self._memory(row, base, ruleset, spec, work)
+
+    def _time_floor(self, spec: GraphSpec, work: Workload, base: fx.GraphModule, times: dict[str, list[float]],
+                    clock: Callable[[], float], row: Row, x: torch.Tensor, expected: Any) -> None:
+        """Time the floor on a copy of ``base`` and in place on a fresh module; check both compute
+        what they must (a floor that computed something else would prove nothing)."""
+        t, floor = _timed(partial(copying_hand_rewrite, base, spec, work), clock=clock)
+        times["floor"].append(t)
+        gm = build(spec)
+        t, _ = _timed(partial(hand_rewrite, gm, spec, work), clock=clock)
+        times["inplace_floor"].append(t)
+        for what, module in (("floor", floor), ("inplace floor", gm)):
+            problem = _differs(expected, module(x), work.exact)
+            if problem:
+                row.errors.append(f"the hand-written {what}: output differs from the expected one: {problem}")
 
     def _time_fx(self, row: Row, spec: GraphSpec, work: Workload, times: dict[str, list[float]],
                  clock: Callable[[], float], x: torch.Tensor, expected: Any) -> str | None:
@@ -771,8 +858,10 @@ class Bench:
         if problem:
             row.errors.append(f"{what}: output differs from the expected one: {problem}")
 
-    def _memory(self, row: Row, base: fx.GraphModule, ruleset: fxrewrite.RuleSet) -> None:
-        """Peak of one copying rewrite vs recompile's own peak plus one copy of the graph."""
+    def _memory(self, row: Row, base: fx.GraphModule, ruleset: fxrewrite.RuleSet, spec: GraphSpec,
+                work: Workload) -> None:
+        """Peak of one copying rewrite vs recompile's own peak plus one copy of the graph (and
+        the peak of the hand-written floor)."""
         row.recompile_peak_kb = _traced_memory(base.recompile)[0] / 1024
         row.copy_kb = _traced_memory(partial(_copy_graph, base.graph))[1] / 1024
         try:
@@ -783,6 +872,8 @@ class Bench:
         row.rewrite_peak_kb = peak / 1024
         row.result_recompile_peak_kb = _traced_memory(result.module.recompile)[0] / 1024
         row.result_copy_kb = _traced_memory(partial(_copy_graph, result.module.graph))[1] / 1024
+        result = None
+        row.floor_peak_kb = _traced_memory(partial(copying_hand_rewrite, base, spec, work))[0] / 1024
 
 
 # ----------------------------------------------------------------------------------------------
@@ -790,8 +881,8 @@ class Bench:
 # ----------------------------------------------------------------------------------------------
 
 HEADER = (f"{'workload':<9} {'shape':<5} {'N':>6} {'dens':>4} {'R':>3} {'rewrite ms':>10} {'inplace ms':>10} "
-          f"{'fx ms':>9} {'recomp ms':>9} {'rw/rc':>5} {'ip/rc':>5} {'rw/rr':>5} {'fx/rw':>6} {'applied':>7} "
-          f"{'mem/budget':>10}")
+          f"{'fx ms':>9} {'recomp ms':>9} {'rw/rc':>5} {'ip/rc':>5} {'rw/rr':>5} {'fl/rc':>5} {'ifl/rc':>6} "
+          f"{'rw/fl':>5} {'ip/fl':>5} {'fx/rw':>6} {'applied':>7} {'mem/budget':>10}")
 
 
 def _ms(v: float | None, width: int) -> str:
@@ -817,7 +908,9 @@ def format_row(row: Row, fx_limit: float) -> str:
     text = (f"{row.workload:<9} {row.shape:<5} {row.nodes:>6} {row.density:>4.0%} {row.rules:>3} "
             f"{_ms(row.rewrite_ms, 10)} {_ms(row.inplace_ms, 10)} {fx_cell} {_ms(row.recompile_ms, 9)} "
             f"{_x(_ratio(row.rewrite_ms, row.recompile_ms), 5)} {_x(_ratio(row.inplace_ms, row.recompile_ms), 5)} "
-            f"{_x(_ratio(row.rewrite_ms, row.result_recompile_ms), 5)} {fx_ratio} {applied:>7} {memory}")
+            f"{_x(_ratio(row.rewrite_ms, row.result_recompile_ms), 5)} {_x(_ratio(row.floor_ms, row.recompile_ms), 5)} "
+            f"{_x(_ratio(row.inplace_floor_ms, row.recompile_ms), 6)} {_x(_ratio(row.rewrite_ms, row.floor_ms), 5)} "
+            f"{_x(_ratio(row.inplace_ms, row.inplace_floor_ms), 5)} {fx_ratio} {applied:>7} {memory}")
     return text + ("  ERROR" if row.errors else "")
 
 
@@ -863,15 +956,29 @@ def _worst(values: list[tuple[float, str]]) -> tuple[float, str] | None:
 
 
 def _ratio_target(rows: list[Row], label: str, select: Callable[[Row], bool], attr: str, limit: float,
-                  floor: str = "recompile_ms", unit: str = "recompile") -> Target:
-    values = [(v, f"{r.workload} {r.shape} N={r.nodes} {r.density:.0%} R={r.rules}")
-              for r in rows if select(r) for v in [_ratio(getattr(r, attr), getattr(r, floor))] if v is not None]
+                  floor: str = "recompile_ms", unit: str = "recompile", hand: str | None = None) -> Target:
+    """The worst ``attr / floor`` over the selected rows against ``limit``; with ``hand`` (the
+    attribute of the matching hand-written floor), also the worst ``hand / floor``: when that is
+    over the limit too, the target is below what any rewrite built on fx's edits can reach."""
+    def where(r: Row) -> str:
+        return f"{r.workload} {r.shape} N={r.nodes} {r.density:.0%} R={r.rules}"
+
+    values = [(v, where(r)) for r in rows if select(r) for v in [_ratio(getattr(r, attr), getattr(r, floor))]
+              if v is not None]
     worst = _worst(values)
     if worst is None:
         return Target(label, f"<= {limit:g}x {unit}", "-", "not measured")
     verdict = "PASS" if worst[0] <= limit else "FAIL"
     shown = ", ".join(f"{v:.2f}x" for v, _ in values[:4]) + (", ..." if len(values) > 4 else "")
-    return Target(label, f"<= {limit:g}x {unit}", f"{shown} (worst {worst[0]:.2f}x at {worst[1]})", verdict)
+    measured = f"{shown} (worst {worst[0]:.2f}x at {worst[1]})"
+    floors = [(v, where(r)) for r in rows if select(r) and hand for v in [_ratio(getattr(r, hand), getattr(r, floor))]
+              if v is not None]
+    worst_floor = _worst(floors)
+    if worst_floor is not None:
+        over = sum(v > limit for v, _ in floors)
+        measured += (f"; hand-written floor worst {worst_floor[0]:.2f}x, over the limit on {over} of "
+                     f"{len(floors)} row(s)")
+    return Target(label, f"<= {limit:g}x {unit}", measured, verdict)
 
 
 def _near(size: int, wanted: int) -> bool:
@@ -886,12 +993,17 @@ def _create3_rows(density: float, rules: tuple[int, ...]) -> Callable[[Row], boo
 
 
 def _memory_target(rows: list[Row], budget: Callable[[Row], float | None], limit: str) -> Target:
-    """The worst peak memory of a copying rewrite against ``budget(row)``."""
+    """The worst peak memory of a copying rewrite against ``budget(row)``, and the worst peak of
+    the hand-written floor against the same budget."""
     memory = [(r.rewrite_peak_kb / b, f"{r.workload} {r.shape} N={r.nodes}")
               for r in rows for b in [budget(r)] if r.rewrite_peak_kb is not None and b]
-    worst = _worst(memory)
-    return Target("peak memory of a copying rewrite (tracemalloc)", limit,
-                  "-" if worst is None else f"worst {worst[0]:.2f}x of that budget ({worst[1]})",
+    floors = [(r.floor_peak_kb / b, f"{r.workload} {r.shape} N={r.nodes}")
+              for r in rows for b in [budget(r)] if r.floor_peak_kb is not None and b]
+    worst, worst_floor = _worst(memory), _worst(floors)
+    measured = "-" if worst is None else f"worst {worst[0]:.2f}x of that budget ({worst[1]})"
+    if worst is not None and worst_floor is not None:
+        measured += f"; hand-written floor worst {worst_floor[0]:.2f}x ({worst_floor[1]})"
+    return Target("peak memory of a copying rewrite (tracemalloc)", limit, measured,
                   "not measured" if worst is None else ("PASS" if worst[0] <= 1.0 else "FAIL"))
 
 
@@ -900,9 +1012,10 @@ def targets(rows: list[Row], exps: list[dict[str, Any]], check_seconds: float | 
     """The issue's target table, evaluated on the measured rows."""
     out = [
         _ratio_target(rows, "copying rewrite, 3 created nodes, 50% matched, R=10, 8k and 64k",
-                      _create3_rows(0.5, (10,)), "rewrite_ms", 1.5),
-        _ratio_target(rows, "the same, 10% matched, R=10 and R=50", _create3_rows(0.1, (10, 50)), "rewrite_ms", 1.25),
-        _ratio_target(rows, "inplace=True, all rows", lambda r: True, "inplace_ms", 1.2),
+                      _create3_rows(0.5, (10,)), "rewrite_ms", 1.5, hand="floor_ms"),
+        _ratio_target(rows, "the same, 10% matched, R=10 and R=50", _create3_rows(0.1, (10, 50)), "rewrite_ms", 1.25,
+                      hand="floor_ms"),
+        _ratio_target(rows, "inplace=True, all rows", lambda r: True, "inplace_ms", 1.2, hand="inplace_floor_ms"),
     ]
     slopes = [(e[kind], f"{kind} {e['workload']} {e['shape']} {e['density']:.0%} R={e['rules']}")
               for e in exps for kind in ("rewrite", "inplace") if e[kind] is not None and e["from"] < e["to"]]
@@ -947,6 +1060,8 @@ def report(rows: list[Row], fx_limit: float, out: Any, check: tuple[float, str] 
     p()
     p("rw/rc, ip/rc: copying and inplace rewrite / recompile() of the input module; rw/rr: copying rewrite / "
       "recompile() of its result (fx's code generation for the rewritten graph, part of every rewrite)")
+    p("fl/rc, ifl/rc: the hand-written floor (the same edits made by hand at the planted blocks, no matching, "
+      "then recompile(); on the copy rewrite makes / in place) / recompile(); rw/fl, ip/fl: rewrite / that floor")
     p("mem/budget: tracemalloc peak of one copying rewrite / (recompile()'s own peak + one graph copy)")
     exps = exponents(rows)
     p()

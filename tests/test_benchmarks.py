@@ -33,6 +33,7 @@ def test_quick_run_prints_every_workload_the_target_table_and_passes_its_correct
                 "peak memory of a copying rewrite"):
         assert row in text
     assert "CORRECTNESS: PASS" in text
+    assert "rw/fl" in text and "hand-written floor worst" in text
 
 
 @pytest.mark.parametrize("workload", ["create1", "create3", "create10", "delete", "modules", "attention"])
@@ -54,6 +55,36 @@ def test_every_planted_block_is_rewritten_and_the_output_is_the_expected_one(ben
     x = work.example_input()
     torch.testing.assert_close(result.module(x), work.expected_module(spec)(x), rtol=1e-4, atol=1e-5,
                                equal_nan=True)
+
+
+@pytest.mark.parametrize("workload", ["create1", "create3", "create10", "delete", "modules", "attention"])
+def test_the_hand_written_floor_makes_the_rewrite_s_edits_and_leaves_the_input_untouched(bench, workload):
+    import torch
+
+    config = next(c for c in bench.FULL_GRID if c.workload == workload)
+    work = bench.workload(config)
+    spec = bench.make_spec(work, 400)
+    gm = bench.build(spec)
+    before = gm.code
+    floor = bench.copying_hand_rewrite(gm, spec, work)
+    floor.graph.lint()
+    assert floor is not gm and gm.code == before
+    erased = sum(last - first + 1 for first, last, _ in spec.blocks) if workload != "attention" else 0
+    assert len(floor.graph.nodes) <= len(gm.graph.nodes) - erased + len(spec.blocks) * max(getattr(work, "k", 1), 1)
+    x = work.example_input()
+    torch.testing.assert_close(floor(x), work.expected_module(spec)(x), rtol=1e-4, atol=1e-5, equal_nan=True)
+    in_place = bench.hand_rewrite(gm, spec, work)
+    assert in_place is gm and gm.code != before
+    torch.testing.assert_close(gm(x), floor(x), rtol=0, atol=0, equal_nan=True)
+
+
+def test_a_wrong_floor_is_reported_as_a_correctness_failure(bench, monkeypatch):
+    # the floor's check must be able to fail: a floor leaving out the created nodes computes something else
+    monkeypatch.setattr(bench.CreateNodes, "hand_replacement", lambda self, gm, block, rule: block[0].args[0])
+    out = io.StringIO()
+    status = bench.main(["--quick", "--sizes", "300", "--workloads", "create1", "-q", "--no-fx", "--no-memory"],
+                        out=out)
+    assert status == 1 and "the hand-written floor: output differs" in out.getvalue()
 
 
 def test_a_wrong_rewrite_is_reported_as_a_correctness_failure(bench, monkeypatch):
