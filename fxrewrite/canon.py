@@ -247,16 +247,29 @@ def _overload_name(packet: torch._ops.OpOverloadPacket) -> str | None:
     return ALIASES.get(name, name)
 
 
+_key_cache: dict[tuple[str, Any], Hashable] = {}
+
+
 def op_key_of(op: str, target: Any, canonical: bool = True) -> Hashable:
     """The index key of a node with opcode ``op`` and ``target`` (``canonical=False``: the
     target as written, torch.fx's notion of "same op")."""
+    if canonical:
+        try:  # the hot path: the driver asks this a dozen times per rewrite
+            return _key_cache[op, target]
+        except (KeyError, TypeError):
+            pass
     if op in ("call_module", "get_attr"):
         return (op,)
+    key: Hashable = (op, target)
     if canonical and op in ("call_function", "call_method"):
         name = canonical_name(op, target)
         if name is not None:
-            return ("aten", name)
-    return (op, target)
+            key = ("aten", name)
+        try:
+            _key_cache[op, target] = key
+        except TypeError:  # an unhashable target
+            pass
+    return key
 
 
 # -- arguments ------------------------------------------------------------------------------

@@ -414,13 +414,21 @@ class _Search:
             return False
         self.bind(pn, gv)
         names, p_values, g_values = values
-        return all(self.straight_value(p, g, name) for name, p, g in zip(names, p_values, g_values))
+        for name, p, g in zip(names, p_values, g_values):  # noqa: SIM110 - a loop: no generator per node
+            if not self.straight_value(p, g, name):
+                return False
+        return True
 
     def straight_value(self, pv: Any, gv: Any, name: str | None) -> bool:
         if isinstance(pv, Node):
             return self.straight_node(pv, gv)
         if isinstance(pv, (list, tuple)):
-            return self.same_length(pv, gv, name) and all(self.straight_value(p, g, None) for p, g in zip(pv, gv))
+            if not self.same_length(pv, gv, name):
+                return False
+            for p, g in zip(pv, gv):  # noqa: SIM110 - as above
+                if not self.straight_value(p, g, None):
+                    return False
+            return True
         return self.literal_agrees(pv, gv, name)
 
     def folded(self, pn: Node, gv: Any) -> Iterator[None]:

@@ -128,14 +128,13 @@ class _ReplacementTracer(fx.Tracer):
         self.new_attributes: list[str] = []
         self._module_paths = {id(m): name for name, m in modules.items()}
         self._tensor_paths: dict[int, str] | None = None
-        self._stack_trace = ""
+        self._node_meta: dict[str, Any] = {"stack_trace": "", "fxrewrite_rule": None}
         self.aten = False
         self.annotate = False
         #: Set when the replacement read a matched value's metadata or called a module: its graph
         #: may then differ from match to match, so it is not replayed.
         self.read_metadata = False
         self.called_module = False
-        self._scope_meta: dict[str, Any] = {}
         self._next_suffix: dict[str, int] = {}
         self._stack_traces: dict[str, str] = {}  # per rule name
 
@@ -144,7 +143,7 @@ class _ReplacementTracer(fx.Tracer):
         # where the replaced code sat in the module tree: torch.export.unflatten, quantizers and
         # ExecuTorch partitioners read it from every node
         meta = anchor.meta if anchor is not None else {}
-        self._scope_meta = {k: meta[k] for k in _SCOPE_META if k in meta} if meta else {}
+        scope = {k: meta[k] for k in _SCOPE_META if k in meta} if meta else {}
         self.aten = aten
         self.annotate = annotate
         self.created = []
@@ -153,15 +152,15 @@ class _ReplacementTracer(fx.Tracer):
         trace = self._stack_traces.get(rule.name)
         if trace is None:
             trace = self._stack_traces[rule.name] = _stack_trace(rule)
-        self._stack_trace = trace
+        #: What every node the replacement creates carries: where the replaced code sat, where the
+        #: rule is written (``stack_trace``) and which rule made it.
+        self._node_meta = {**scope, "stack_trace": trace, "fxrewrite_rule": rule.name}
 
     def create_node(self, kind, target, args, kwargs, name=None, type_expr=None):  # type: ignore[no-untyped-def]
         if self.aten and kind in ("call_function", "call_method"):
             kind, target, args, kwargs = aten_spelling(kind, target, args, kwargs)
         node = super().create_node(kind, target, args, kwargs, name, type_expr)
-        node.meta.update(self._scope_meta)
-        node.meta["stack_trace"] = self._stack_trace
-        node.meta["fxrewrite_rule"] = self.rule.name if self.rule else None
+        node.meta.update(self._node_meta)
         self.created.append(node)
         if self.annotate:  # the replacement may ask this value's shape next
             propagate_values(self.root_module, [node])
@@ -197,11 +196,10 @@ class _ReplacementTracer(fx.Tracer):
         (``as_fx``) by torch.fx's own ``create_node``."""
         if as_fx:
             node = fx.Tracer.create_node(self, kind, target, args, kwargs)
+            node.meta.update(self._node_meta)
         else:
-            node = add_node(self.graph, fresh_node_name(self.graph, name_base), kind, target, args, kwargs)
-        node.meta.update(self._scope_meta)
-        node.meta["stack_trace"] = self._stack_trace
-        node.meta["fxrewrite_rule"] = self.rule.name if self.rule else None
+            node = add_node(self.graph, fresh_node_name(self.graph, name_base), kind, target, args, kwargs,
+                            meta=self._node_meta)
         self.created.append(node)
         return node
 

@@ -330,7 +330,7 @@ class _Driver:
                  on_progress: Callable[[int, int], None] | None = None, stop_after: int | None = None) -> None:
         self.on_progress = on_progress
         self.stop_after = stop_after
-        self.last_rewrite: str | None = None
+        self._last: tuple[Rule, str] | None = None  # the last rewrite's rule and anchor name
         self.gm = gm
         self.graph = gm.graph
         self.ruleset = ruleset
@@ -374,8 +374,13 @@ class _Driver:
 
     def _drain(self) -> None:
         visits = 0
+        queues, levels, pop = self.queues, self.levels, heapq.heappop
         while True:
-            level = next((p for p in self.levels if self.queues[p]), None)
+            for level in levels:
+                if queues[level]:
+                    break
+            else:
+                level = None
             if self.stop_after is not None and self.rewrites >= self.stop_after:
                 level = None
             if level is None:
@@ -384,8 +389,8 @@ class _Driver:
                 return
             visits += 1
             if self.on_progress is not None and visits % _PROGRESS_EVERY == 0:
-                self.on_progress(self.rewrites, sum(len(q) for q in self.queues.values()))
-            _, _, node = heapq.heappop(self.queues[level])
+                self.on_progress(self.rewrites, sum(len(q) for q in queues.values()))
+            node = pop(queues[level])[2]
             self.queued[level].discard(node)
             if not is_erased(node):
                 self._visit(node, level)
@@ -438,6 +443,15 @@ class _Driver:
                 return True
         return False
 
+    @property
+    def last_rewrite(self) -> str | None:
+        """The last rewrite applied (formatted only when asked: the bisection of ``check_inputs``
+        reads it once, the drive sets it at every rewrite)."""
+        if self._last is None:
+            return None
+        rule, anchor = self._last
+        return f"rule '{rule.name}' ({rule.origin}) at graph node '{anchor}'"
+
     def report(self, seconds: float) -> Report:
         """What this drive did, rule by rule, as a :class:`Report`."""
         return Report({r.name: self.tallies[r.name].freeze() for r in self.ruleset}, self.rewrites, seconds,
@@ -455,7 +469,7 @@ class _Driver:
         if self.rewrites >= self.budget:
             raise self._did_not_converge()
         inputs = [v for v in match.bindings.values() if isinstance(v, Node)]
-        self.last_rewrite = f"rule '{rule.name}' ({rule.origin}) at graph node '{match.anchor.name}'"
+        self._last = (rule, match.anchor.name)
         started = time.perf_counter()
         created = self.splicer.splice(match, rule)
         self.index.add(created)
