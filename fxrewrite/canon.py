@@ -856,11 +856,17 @@ def _function_kind(node: Node, seen: dict[Node, ResultKind]) -> ResultKind:
 _schema_kinds: dict[Hashable, ResultKind] = {}
 
 
+_PLAIN_LAYOUTS = {Node: "Node", int: "int", float: "float"}  # the common arguments, looked up directly
+
+
 def _layout(value: Any) -> Hashable:
     """What overload resolution looks at in an argument: its type, not its value (a list by its
     elements' types), except for flags and names."""
+    plain = _PLAIN_LAYOUTS.get(type(value))
+    if plain is not None:
+        return plain
     if isinstance(value, (list, tuple)):
-        return (type(value).__name__, tuple(_layout(v) for v in value))
+        return (type(value).__name__, tuple([_layout(v) for v in value]))
     if value is None or isinstance(value, (bool, str, torch.dtype)):
         return (type(value).__name__, value)  # flags (inplace=True) change what the call is
     return type(value).__name__
@@ -868,7 +874,9 @@ def _layout(value: Any) -> Hashable:
 
 def _schema_kind(node: Node) -> ResultKind:
     try:
-        key = (node.op, node.target, _layout(node.args), tuple((k, _layout(v)) for k, v in node.kwargs.items()))
+        kwargs = node.kwargs
+        key = (node.op, node.target, _layout(node.args),
+               tuple([(k, _layout(v)) for k, v in kwargs.items()]) if kwargs else ())
         return _schema_kinds[key]
     except KeyError:
         kind = _schema_kinds[key] = _schema_kind_uncached(node)

@@ -414,10 +414,29 @@ class _Search:
             return False
         self.bind(pn, gv)
         names, p_values, g_values = values
+        if pn in self.pattern.commutative and self.options.commutative and is_commutative_call(
+                gv.op, gv.target, gv.args, gv.kwargs):
+            g_values = self.decided_order(p_values, g_values)
         for name, p, g in zip(names, p_values, g_values):  # noqa: SIM110 - a loop: no generator per node
             if not self.straight_value(p, g, name):
                 return False
         return True
+
+    def decided_order(self, p_values: tuple[Any, ...], g_values: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The graph operands of a commutative call in the one order that can match (see
+        :attr:`Pattern.choice_free`): the pattern operand matching only nodes faces the graph's
+        node operand. When the graph has no such operand, or two, neither order matches and the
+        order as written is returned."""
+        kinds = (self.pattern.operand_kind(p_values[0]), self.pattern.operand_kind(p_values[1]))
+        if set(kinds) != {"constant", "node"} or self.options.variables_bind_literals:
+            # lined up otherwise than the pattern as traced, or variables may bind constants too
+            # (torch.fx's matching): both orders may match, let the search try them
+            raise _Undecided
+        facing_node = g_values[kinds.index("node")]
+        other = g_values[1 - kinds.index("node")]
+        if not isinstance(facing_node, Node) and isinstance(other, Node):
+            return (g_values[1], g_values[0], *g_values[2:])
+        return g_values
 
     def straight_value(self, pv: Any, gv: Any, name: str | None) -> bool:
         if isinstance(pv, Node):
@@ -527,12 +546,17 @@ def match_at(pattern: Pattern, anchor: Node, owner: torch.nn.Module | None, *,
     if modules is None:
         modules = dict(owner.named_modules()) if owner is not None and pattern.module_captures else {}
     search = _Search(pattern, modules, options, candidates, record=on_reject is not None)
-    if pattern.choice_free and on_reject is None:  # one way to match at most: no search needed
-        if search.straight_node(pattern.anchor, anchor):
-            match, _ = _sound_match(pattern, search.p2g, anchor, modules)
-            if match is not None:
-                yield match
-        return
+    if pattern.choice_free and on_reject is None:
+        try:  # one way to match at most: no search needed
+            walked = search.straight_node(pattern.anchor, anchor)
+        except _Undecided:
+            search = _Search(pattern, modules, options, candidates, record=False)
+        else:
+            if walked:
+                match, _ = _sound_match(pattern, search.p2g, anchor, modules)
+                if match is not None:
+                    yield match
+            return
     extend = search.remaining_outputs if pattern.is_multi_output else _once
     for _ in search.node(pattern.anchor, anchor):
         for _ in extend():
@@ -546,6 +570,10 @@ def match_at(pattern: Pattern, anchor: Node, owner: torch.nn.Module | None, *,
                     on_reject(reason)
     if search.failure is not None and on_reject is not None:
         on_reject(search.failure)
+
+
+class _Undecided(Exception):
+    """The straight walk met a commutative call whose operand order the graph does not decide."""
 
 
 def _once() -> Iterator[None]:

@@ -104,10 +104,16 @@ class Pattern:
     #: Pattern nodes computing Python values from the bound tensors' metadata (``q.size(-1)``,
     #: ``math.sqrt(q.size(-1))``, ``v.dtype``): a graph may hold them folded to a constant.
     value_nodes: frozenset[Node] = frozenset()
-    #: At most one way to match at a given anchor: one output, no commutative operation (two
-    #: operand orders), no size expression (matched as written or as a folded constant), no module
-    #: call. The matcher walks such patterns without backtracking.
+    #: At most one way to match at a given anchor: one output, no size expression (matched as
+    #: written or as a folded constant), no module call, and no commutative operation whose two
+    #: operand orders could both be tried (one operand of ``x * s`` only ever matches a graph node,
+    #: the other only a constant: the graph's operands decide the order, see :func:`operand_kind`).
+    #: The matcher walks such patterns without backtracking.
     choice_free: bool = False
+
+    def operand_kind(self, value: Any) -> OperandKind:
+        """What the pattern value ``value`` can match: see :func:`operand_kind`."""
+        return operand_kind(value, self.param_of, self.value_nodes)
 
     @property
     def is_multi_output(self) -> bool:
@@ -236,9 +242,44 @@ def pattern_from_graph(graph: fx.Graph, params: tuple[Param, ...] | None = None,
         anchor_input_keys=frozenset(op_key_of(a.op, a.target) for a in anchor.all_input_nodes
                                     if a.op in _INNER_OPS and a not in value_nodes),  # values may be folded
         value_nodes=value_nodes,
-        choice_free=(len(outputs) == 1 and not commutative and not value_nodes
-                     and all(n.op != "call_module" for n in inner_nodes)),
+        choice_free=(len(outputs) == 1 and not value_nodes and all(n.op != "call_module" for n in inner_nodes)
+                     and all(_order_decided(n, param_of, value_nodes) for n in commutative)),
     )
+
+
+OperandKind = Literal["node", "constant"] | None
+
+_CONSTANT_TYPES = (bool, int, float, complex, str)
+
+
+def operand_kind(value: Any, param_of: Mapping[Node, Param], value_nodes: frozenset[Node]) -> OperandKind:
+    """What a pattern value can match under the default :class:`~fxrewrite.match.MatchOptions`:
+    only a graph node (``"node"``: an operation, a tensor variable), only a constant
+    (``"constant"``: a number or string written in the pattern, a literal capture other than a
+    dtype), or either (``None``: a dtype capture, a size expression, a list ...).
+
+    >>> gm = fx.symbolic_trace(lambda x: torch.relu(x) * 2.0)
+    >>> relu, mul = [n for n in gm.graph.nodes if n.op == "call_function"]
+    >>> [operand_kind(v, {}, frozenset()) for v in mul.args]
+    ['node', 'constant']
+    """
+    if isinstance(value, Node):
+        param = param_of.get(value)
+        if param is None:
+            return "node" if value.op in _INNER_OPS and value not in value_nodes else None
+        if param.kind == "tensor":
+            return "node"
+        return "constant" if param.kind == "literal" and param.annotation is not torch.dtype else None
+    return "constant" if isinstance(value, _CONSTANT_TYPES) else None
+
+
+def _order_decided(n: Node, param_of: Mapping[Node, Param], value_nodes: frozenset[Node]) -> bool:
+    """Does the graph decide which operand order of the commutative pattern node ``n`` can
+    match? It does when one operand matches only nodes and the other only constants."""
+    if len(n.args) != 2 or n.kwargs:
+        return False
+    kinds = {operand_kind(a, param_of, value_nodes) for a in n.args}
+    return kinds == {"node", "constant"}
 
 
 def signature_params(fn: Callable[..., Any], *, where: str, role: str) -> tuple[Param, ...]:

@@ -147,6 +147,40 @@ def test_a_pattern_with_alternatives_is_not_walked_straight():
     assert not pattern_of(lambda q: q / q.size(-1)).choice_free  # the size may be folded
 
 
+def _scaled(x, s: float):
+    return torch.relu(x) * s
+
+
+def test_a_commutative_call_whose_graph_operands_decide_the_order_is_walked_straight():
+    pattern = pattern_of(_scaled)
+    assert pattern.choice_free  # relu(x) matches only a node, s only a constant
+    assert not pattern_of(lambda x, y: torch.relu(x) * y).choice_free  # both operands may be nodes
+    cases = [(lambda a: torch.relu(a) * 2.0, 1), (lambda a: 2.0 * torch.relu(a), 1),
+             (lambda a: torch.relu(a) * torch.relu(a), 0), (lambda a: torch.relu(a) * torch.relu(a + 1), 0)]
+    for written, count in cases:
+        gm = fx.symbolic_trace(written)
+        walked = _every_match(pattern, gm, searched=False)
+        assert walked == _every_match(pattern, gm, searched=True)
+        assert len(walked) == count, gm.code
+        assert all(dict(bindings)["s"] == "2.0" for _, bindings, _, _ in walked)
+
+
+def test_when_variables_may_bind_constants_the_search_tries_both_orders_of_a_walkable_call():
+    def scaled(x, s: float):
+        return x * s
+
+    pattern = pattern_of(scaled)
+    assert pattern.choice_free
+    graph = fx.Graph()
+    mul = graph.call_function(operator.mul, (2.0, 3.0))  # two constants: x may bind either of them
+    graph.output(mul)
+    gm = fx.GraphModule(torch.nn.Module(), graph)
+    options = MatchOptions(variables_bind_literals=True)
+    walked = [dict(m.bindings) for m in match_at(pattern, mul, gm, options=options)]
+    searched = [dict(m.bindings) for m in match_at(pattern, mul, gm, options=options, on_reject=lambda r: None)]
+    assert walked == searched == [{"x": 2.0, "s": 3.0}, {"x": 3.0, "s": 2.0}]
+
+
 def test_a_match_on_a_copy_of_the_pattern_binds_the_copies_and_the_literal_values():
     from fxrewrite import Rule
 
