@@ -428,13 +428,12 @@ class _Search:
         node operand. When the graph has no such operand, or two, neither order matches and the
         order as written is returned."""
         kinds = (self.pattern.operand_kind(p_values[0]), self.pattern.operand_kind(p_values[1]))
-        if set(kinds) != {"constant", "node"} or self.options.variables_bind_literals:
-            # lined up otherwise than the pattern as traced, or variables may bind constants too
-            # (torch.fx's matching): both orders may match, let the search try them
+        if self.options.variables_bind_literals or set(kinds) != {"constant", "node"}:
+            # variables may bind constants too (torch.fx's matching), or the call is lined up
+            # otherwise than the pattern as traced: both orders may match, let the search try them
             raise _Undecided
-        facing_node = g_values[kinds.index("node")]
-        other = g_values[1 - kinds.index("node")]
-        if not isinstance(facing_node, Node) and isinstance(other, Node):
+        node_side = kinds.index("node")
+        if not isinstance(g_values[node_side], Node) and isinstance(g_values[1 - node_side], Node):
             return (g_values[1], g_values[0], *g_values[2:])
         return g_values
 
