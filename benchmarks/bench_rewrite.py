@@ -1069,7 +1069,8 @@ def report(rows: list[Row], fx_limit: float, out: Any, check: tuple[float, str] 
     p(f"{'workload':<9} {'shape':<5} {'dens':>4} {'R':>3} {'N range':>13} {'rewrite':>9} {'inplace':>9} {'fx':>9} "
       f"{'recompile':>9}")
     for e in exps:
-        cells = " ".join("        -" if e[k] is None else f"{e[k]:>9.2f}" for k in ("rewrite", "inplace", "fx", "recompile"))
+        cells = " ".join("        -" if e[k] is None else f"{e[k]:>9.2f}"
+                         for k in ("rewrite", "inplace", "fx", "recompile"))
         p(f"{e['workload']:<9} {e['shape']:<5} {e['density']:>4.0%} {e['rules']:>3} "
           f"{str(e['from']) + '-' + str(e['to']):>13} {cells}")
     table = targets(rows, exps, check[0] if check else None, check[1] if check else "")
@@ -1164,7 +1165,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                     help=f"sizes {','.join(map(str, QUICK_SIZES))}, one configuration per workload, 1 run (smoke test)")
     ap.add_argument("--sizes", type=_ints, default=None,
                     help=f"graph sizes in nodes (default {','.join(map(str, DEFAULT_SIZES))})")
-    ap.add_argument("--repeat", type=int, default=None, help="runs per measurement, median reported (default 3; --quick 1)")
+    ap.add_argument("--repeat", type=int, default=None,
+                    help="runs per measurement, median reported (default 3; --quick 1)")
     ap.add_argument("--workloads", type=lambda s: [t for t in s.split(",") if t], default=None,
                     help=f"only these workloads ({', '.join(WORKLOADS)})")
     ap.add_argument("--fx-limit", type=float, default=15.0,
@@ -1176,7 +1178,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                     help="cpu: CPU time of this process (default; robust on a shared machine); wall: elapsed")
     ap.add_argument("--check-library", action="store_true",
                     help="also time `fxrewrite check -j 2` on the shipped library (the checker's target row)")
-    ap.add_argument("--check-examples", type=int, default=None, help="--examples for --check-library (default: its own)")
+    ap.add_argument("--check-examples", type=int, default=None,
+                    help="--examples for --check-library (default: its own)")
     ap.add_argument("--json", type=Path, default=None, help="also write rows, exponents and targets to this file")
     ap.add_argument("--profile", action="store_true",
                     help="afterwards, cProfile one copying rewrite of the slowest row (largest rw/rc)")

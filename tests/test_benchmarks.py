@@ -36,16 +36,24 @@ def test_quick_run_prints_every_workload_the_target_table_and_passes_its_correct
     assert "rw/fl" in text and "hand-written floor worst" in text
 
 
-@pytest.mark.parametrize("workload", ["create1", "create3", "create10", "delete", "modules", "attention"])
+WORKLOADS = ["create1", "create3", "create10", "delete", "modules", "attention"]
+
+
+def _planted(bench, workload):
+    """The first grid configuration of ``workload``, its workload, and a 400-node graph of it."""
+    config = next(c for c in bench.FULL_GRID if c.workload == workload)
+    work = bench.workload(config)
+    spec = bench.make_spec(work, 400)
+    return config, work, spec, bench.build(spec)
+
+
+@pytest.mark.parametrize("workload", WORKLOADS)
 def test_every_planted_block_is_rewritten_and_the_output_is_the_expected_one(bench, workload):
     import torch
 
     import fxrewrite
 
-    config = next(c for c in bench.FULL_GRID if c.workload == workload)
-    work = bench.workload(config)
-    spec = bench.make_spec(work, 400)
-    gm = bench.build(spec)
+    config, work, spec, gm = _planted(bench, workload)
     assert len(gm.graph.nodes) == 400 and spec.blocks
     assert abs(spec.actual_density - config.density) < 0.15
     result = fxrewrite.rewrite(gm, work.ruleset())
@@ -57,14 +65,11 @@ def test_every_planted_block_is_rewritten_and_the_output_is_the_expected_one(ben
                                equal_nan=True)
 
 
-@pytest.mark.parametrize("workload", ["create1", "create3", "create10", "delete", "modules", "attention"])
+@pytest.mark.parametrize("workload", WORKLOADS)
 def test_the_hand_written_floor_makes_the_rewrite_s_edits_and_leaves_the_input_untouched(bench, workload):
     import torch
 
-    config = next(c for c in bench.FULL_GRID if c.workload == workload)
-    work = bench.workload(config)
-    spec = bench.make_spec(work, 400)
-    gm = bench.build(spec)
+    _, work, spec, gm = _planted(bench, workload)
     before = gm.code
     floor = bench.copying_hand_rewrite(gm, spec, work)
     floor.graph.lint()
