@@ -209,7 +209,7 @@ class Workload:
         def emit(op: Op) -> int:
             opcode, target, args = op
             emitted.append(cheapest_node(gm.graph, opcode, target, tuple(
-                src if a == -1 else emitted[a] if _is_value(a) else a for a in args)))
+                (src if a == -1 else emitted[a]) if _is_value(a) else a for a in args)))
             return len(emitted) - 1
 
         last = self.replacement_ops(rule, -1, emit)
