@@ -391,9 +391,10 @@ def fingerprint(rules: RulesLike, *, extra: Any = ()) -> str:
     """
     from . import __version__
 
-    h = _Hasher()
+    ruleset = as_ruleset(rules)
+    h = _Hasher(_rule_files(ruleset))
     parts = [b"fxrewrite", __version__.encode(), _package_digest(), torch.__version__.encode(), h.of(extra)]
-    parts.extend(h.of(r) for r in as_ruleset(rules))
+    parts.extend(h.of(r) for r in ruleset)
     return hashlib.sha256(b"".join(_framed(p) for p in parts)).hexdigest()
 
 
@@ -407,6 +408,27 @@ def _package_digest() -> bytes:
             h.update(path.relative_to(root).as_posix().encode())
             h.update(path.read_bytes())
     return h.digest()
+
+
+def _rule_files(rules: RuleSet) -> dict[str, str]:
+    """Each rule file's path, as its rules spell it and resolved, -> the file's name: where the
+    rules live is no part of what they do (a CI clone, a shared cache, a copied folder)."""
+    files: dict[str, str] = {}
+    for r in rules:
+        file = r.origin.rpartition(":")[0]
+        if file:
+            files[file] = files[str(Path(file).resolve())] = Path(file).name
+    return dict(sorted(files.items(), key=lambda item: -len(item[0])))  # the longest first
+
+
+#: A module the loader imported by path is named after the file plus a hash of its absolute path
+#: (:func:`fxrewrite.loader.import_file`); the hash says where the file is, so it is dropped.
+_PLACED_MODULE = re.compile(r"\b(fxrewrite_(?:rules|ops|target)_\w+?)_[0-9a-f]{12}\b")
+
+
+def _placeless(text: str) -> str:
+    """``text`` without the path hash of modules the loader imported."""
+    return _PLACED_MODULE.sub(r"\1", text)
 
 
 def _framed(part: bytes) -> bytes:
@@ -423,13 +445,16 @@ class _Hasher:
     """Digests of Python values by content. Shared sub-objects are hashed once; a cycle or a
     structure deeper than ``_MAX_DEPTH`` contributes a marker instead of recursing forever."""
 
-    def __init__(self) -> None:
+    def __init__(self, files: Mapping[str, str] | None = None) -> None:
+        self._files = files or {}
         self._memo: dict[int, bytes] = {}
         self._active: set[int] = set()
         self._alive: list[Any] = []  # keeps hashed objects alive, so their ids are not reused
 
     def of(self, obj: Any, depth: int = 0) -> bytes:
-        if isinstance(obj, (type(None), bool, int, float, complex, str, bytes)):
+        if isinstance(obj, str):
+            return _digest(b"str", repr(self._unplaced(obj)).encode())
+        if isinstance(obj, (type(None), bool, int, float, complex, bytes)):
             return _digest(type(obj).__name__.encode(), repr(obj).encode())
         key = id(obj)
         if key in self._memo:
@@ -444,6 +469,14 @@ class _Hasher:
         self._memo[key] = digest
         self._alive.append(obj)
         return digest
+
+    def _unplaced(self, text: str) -> str:
+        """``text`` with the rule files' paths replaced by their names (a DSL rule's closures
+        carry its file's path) and loaded modules' path hashes dropped."""
+        for path, name in self._files.items():
+            if path in text:
+                text = text.replace(path, name)
+        return _placeless(text)
 
     def _all(self, items: Iterable[Any], depth: int) -> list[bytes]:
         return [self.of(i, depth) for i in items]
@@ -466,7 +499,7 @@ class _Hasher:
         if isinstance(obj, Mapping):
             return [d for k, v in obj.items() for d in (self.of(k, depth), self.of(v, depth))]
         if isinstance(obj, types.ModuleType):
-            return [obj.__name__.encode()]
+            return [_placeless(obj.__name__).encode()]
         if isinstance(obj, types.FunctionType):
             return self._function(obj, depth)
         if isinstance(obj, types.MethodType):
@@ -490,7 +523,7 @@ class _Hasher:
         return self._all(values, depth)
 
     def _function(self, fn: types.FunctionType, depth: int) -> list[bytes]:
-        parts = [f"{fn.__module__}.{fn.__qualname__}".encode(), _source(fn) or b"", self._code(fn.__code__, depth),
+        parts = [_placeless(f"{fn.__module__}.{fn.__qualname__}").encode(), _source(fn) or b"", self._code(fn.__code__, depth),
                  self.of(fn.__defaults__, depth), self.of(fn.__kwdefaults__, depth)]
         for cell in fn.__closure__ or ():
             try:
@@ -530,7 +563,7 @@ def _digest(*parts: bytes) -> bytes:
 
 
 def _type_name(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
+    return _placeless(f"{cls.__module__}.{cls.__qualname__}")
 
 
 def _tensor_parts(t: torch.Tensor) -> list[bytes]:
@@ -582,7 +615,7 @@ def _stable_repr(obj: Any) -> str:
     name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
     module = getattr(obj, "__module__", None)
     if isinstance(name, str):
-        return f"{module}.{name}"
+        return _placeless(f"{module}.{name}")
     return _ADDRESS.sub("", f"{_type_name(type(obj))}:{obj!r}")
 
 

@@ -9,6 +9,7 @@ compared with eager by ``torch.testing.assert_close``.
 from __future__ import annotations
 
 import collections
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -284,10 +285,32 @@ def write_rules(root: Path, scale: str) -> Path:
     return root
 
 
+GUARDED_FXR = """\
+rule square_self "x * x is square(x)":
+    x * x => torch.square(x)
+    where x.dtype.is_floating_point
+"""
+
+
+def test_uuid_does_not_depend_on_where_the_rules_live(tmp_path, monkeypatch):
+    rules_dir = write_rules(tmp_path / "rules", "2.0")
+    (rules_dir / "guarded.fxr").write_text(GUARDED_FXR)  # a guard's description names its file:line
+    copy = tmp_path / "clone" / "ci" / "rules"
+    shutil.copytree(rules_dir, copy)
+    for name in [*RULE_FILES, "guarded.fxr", None]:
+        here, there = (rules_dir / name, copy / name) if name else (rules_dir, copy)
+        assert fxrewrite.inductor_pass(here).uuid() == fxrewrite.inductor_pass(there).uuid(), name
+    monkeypatch.chdir(tmp_path)  # spelled relative or absolute: the same rules
+    assert fxrewrite.inductor_pass("clone/ci/rules").uuid() == fxrewrite.inductor_pass(rules_dir).uuid()
+    (copy / "guarded.fxr").write_text(GUARDED_FXR.replace("x.dtype.is_floating_point", "x.dim() > 1"))
+    assert fxrewrite.inductor_pass(copy).uuid() != fxrewrite.inductor_pass(rules_dir).uuid()  # content counts
+
+
 @pytest.mark.slow
 def test_uuid_is_the_same_in_another_process_and_follows_closed_over_globals(tmp_path):
     rules_dir = write_rules(tmp_path / "rules", "2.0")
-    other = subprocess.run([sys.executable, "-c", UUID_OF_DIR, str(rules_dir)], capture_output=True, text=True,
+    moved = shutil.copytree(rules_dir, tmp_path / "elsewhere" / "rules")  # another process, another folder
+    other = subprocess.run([sys.executable, "-c", UUID_OF_DIR, str(moved)], capture_output=True, text=True,
                            check=True, env={"PYTHONHASHSEED": "123", **_env()}).stdout.split()
     inductor_imported_by_import_fxrewrite, other = other
     assert inductor_imported_by_import_fxrewrite == "False"  # torch._inductor is imported on first use only
