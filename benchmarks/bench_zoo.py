@@ -1,0 +1,637 @@
+"""The model zoo: the shipped rule library on Hugging Face architectures, side by side with
+Inductor's own pattern passes (issue 20).
+
+Usage::
+
+    python benchmarks/bench_zoo.py                      # every architecture, with torch.compile (minutes)
+    python benchmarks/bench_zoo.py --quick              # a handful of small architectures
+    python benchmarks/bench_zoo.py --no-inductor        # fxrewrite only (no torch.compile)
+    python benchmarks/bench_zoo.py --models gpt2,t5,vit --json zoo.json
+    python benchmarks/bench_zoo.py --invariant          # adding rules never lowers a rule's fire count
+
+Needs ``transformers`` (a test extra of fxrewrite). Every model is built offline from a tiny
+random config (no ``from_pretrained``, no download) with ``attn_implementation="eager"``, in eval
+mode, from fixed seeds, and called on a small batch (2 sequences of 8 tokens, or 2 images of
+32 x 32). An architecture that fails to build or export in the installed transformers is
+listed as skipped with the error, not fatal.
+
+For each architecture the script
+
+1. exports the model (``torch.export.export(model, args, kwargs, strict=False)``) and counts its
+   *attention blocks*: the softmax nodes of the exported graph whose result reaches a matmul
+   (through casts, dropout and views) -- one per eager attention call, whatever the model names
+   its attention module;
+2. rewrites the ``ExportedProgram`` with the shipped library (``fxrewrite.load_rules()``) and
+   counts what changed in the graph: SDPA nodes (``scaled_dot_product_attention`` and the
+   ``_scaled_dot_product_*`` kernels) after minus before, normalisation nodes (``layer_norm``,
+   ``rms_norm``, ...) and activation nodes (``gelu``, ``silu``, ...) after minus before; the
+   rules that fired (the report); the wall time of ``fxrewrite.rewrite``;
+3. checks numerics: the exported program's module before and after, on the same inputs,
+   ``torch.testing.assert_close`` at its float32 defaults (pass/fail and the max abs diff);
+4. for every attention block the rewrite left, names the reason: ``fxrewrite.explain`` with the
+   library's attention rules at the matmul that consumes the softmax, the closest miss;
+5. unless ``--no-inductor``: ``torch.compile(model, backend="inductor")`` on the same model and
+   inputs, FX graph cache off, and reads ``torch._dynamo.utils.counters["inductor"]``:
+   ``fuse_attention`` (one per attention pattern Inductor replaced with SDPA,
+   ``torch/_inductor/fx_passes/fuse_attention.py``) and ``pattern_matcher_count`` (all its
+   pattern replacements), checked against the SDPA nodes of the post-grad graph, and the
+   compiled output against eager (max abs diff).
+
+``fire_counts(rules, samples)`` is the per-rule fire count over the zoo for any rule set, and
+``invariant_violations`` compares each rule alone with the rule plus the library
+(``tests/test_bench_zoo.py`` uses both).
+
+The exit code is 1 when a rewrite raises or a rewritten model's numbers differ; attention blocks
+left unconverted are reported, not failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+import traceback
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+
+import torch
+from torch import fx, nn
+
+ROOT = Path(__file__).resolve().parent.parent
+try:
+    import fxrewrite
+except ImportError:  # running from a checkout without the package installed
+    sys.path.insert(0, str(ROOT))
+    import fxrewrite
+
+EXAMPLE_RULES = tuple(sorted(p for p in (ROOT / "examples").glob("*_rules") if p.is_dir()))
+
+BATCH, SEQ, VOCAB, IMAGE = 2, 8, 128, 32
+
+# ----------------------------------------------------------------------------------------------
+# the zoo
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Sample:
+    """A built model with the inputs it is called on (``model(*args, **kwargs)`` is a tensor)."""
+
+    name: str
+    family: str
+    model: nn.Module
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    _program: torch.export.ExportedProgram | None = None
+
+    def program(self) -> torch.export.ExportedProgram:
+        """The exported program, made once (every rewrite copies it)."""
+        if self._program is None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self._program = torch.export.export(self.model, self.args, self.kwargs, strict=False)
+        return self._program
+
+
+class LastHidden(nn.Module):
+    """A Hugging Face model's ``last_hidden_state`` (export and compile want tensors out)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        out = self.model(*args, **kwargs)
+        return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+
+
+@dataclass(frozen=True)
+class Arch:
+    """One architecture of the zoo: how to build it tiny, and what it exercises."""
+
+    name: str
+    family: str
+    config: str
+    model: str
+    options: dict[str, Any]
+    inputs: str  # "causal", "padded", "seq2seq", "image"
+    note: str = ""
+
+
+def _tokens(seed: int = 0) -> torch.Tensor:
+    return torch.randint(3, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(seed))
+
+
+def _padding_mask() -> torch.Tensor:
+    """Ones, with the last two tokens of the second sequence padded."""
+    mask = torch.ones(BATCH, SEQ, dtype=torch.long)
+    mask[1, -2:] = 0
+    return mask
+
+
+def _inputs(kind: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if kind == "causal":
+        return (_tokens(),), {}
+    if kind == "padded":
+        return (_tokens(),), {"attention_mask": _padding_mask()}
+    if kind == "seq2seq":
+        return (_tokens(),), {"attention_mask": _padding_mask(), "decoder_input_ids": _tokens(1)}
+    if kind == "image":
+        return (torch.randn(BATCH, 3, IMAGE, IMAGE, generator=torch.Generator().manual_seed(0)),), {}
+    raise ValueError(f"unknown input kind {kind!r}")
+
+
+_DEC = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "max_position_embeddings": 64}
+_ENC = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "max_position_embeddings": 64}
+_BART = {"vocab_size": VOCAB, "d_model": 32, "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4,
+         "decoder_attention_heads": 4, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "max_position_embeddings": 64,
+         "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2, "decoder_start_token_id": 2}
+_VIT = {"image_size": IMAGE, "patch_size": 8, "num_channels": 3, "hidden_size": 32, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "intermediate_size": 64}
+
+ZOO: tuple[Arch, ...] = (
+    # decoders
+    Arch("gpt2", "decoder", "GPT2Config", "GPT2Model",
+         {"n_layer": 2, "n_embd": 32, "n_head": 4, "vocab_size": VOCAB, "n_positions": 64}, "causal",
+         "Conv1D projections, tanh GELU"),
+    Arch("gpt_neo", "decoder", "GPTNeoConfig", "GPTNeoModel",
+         {"num_layers": 2, "attention_types": [[["global", "local"], 1]], "hidden_size": 32, "num_heads": 4,
+          "window_size": 4, "vocab_size": VOCAB, "max_position_embeddings": 64}, "causal",
+         "boolean causal mask through torch.where, unscaled scores"),
+    Arch("gptj", "decoder", "GPTJConfig", "GPTJModel",
+         {"n_layer": 2, "n_embd": 32, "n_head": 4, "rotary_dim": 4, "vocab_size": VOCAB, "n_positions": 64},
+         "causal", "rotary, float32 scores, division by sqrt(head_dim)"),
+    Arch("gpt_neox", "decoder", "GPTNeoXConfig", "GPTNeoXModel", dict(_DEC), "causal", "rotary, parallel residual"),
+    Arch("opt", "decoder", "OPTConfig", "OPTModel",
+         {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "ffn_dim": 64,
+          "word_embed_proj_dim": 32, "vocab_size": VOCAB, "max_position_embeddings": 64}, "padded",
+         "padding mask"),
+    Arch("bloom", "decoder", "BloomConfig", "BloomModel",
+         {"n_layer": 2, "hidden_size": 32, "n_head": 4, "vocab_size": VOCAB}, "padded", "ALiBi via baddbmm"),
+    Arch("llama", "decoder-gqa", "LlamaConfig", "LlamaModel", {**_DEC, "num_key_value_heads": 2}, "causal",
+         "grouped-query (repeat_kv), RMSNorm, SiLU"),
+    Arch("mistral", "decoder-gqa", "MistralConfig", "MistralModel",
+         {**_DEC, "num_key_value_heads": 2, "sliding_window": 4}, "causal", "sliding-window mask"),
+    Arch("qwen2", "decoder-gqa", "Qwen2Config", "Qwen2Model", {**_DEC, "num_key_value_heads": 2}, "causal",
+         "q/k/v biases"),
+    Arch("qwen3", "decoder-gqa", "Qwen3Config", "Qwen3Model", {**_DEC, "num_key_value_heads": 2, "head_dim": 8},
+         "causal", "q/k RMSNorm"),
+    Arch("phi", "decoder", "PhiConfig", "PhiModel", {**_DEC, "partial_rotary_factor": 0.5}, "causal",
+         "partial rotary, gelu_new"),
+    Arch("phi3", "decoder-gqa", "Phi3Config", "Phi3Model", {**_DEC, "num_key_value_heads": 2, "pad_token_id": 0},
+         "causal", "fused qkv"),
+    Arch("gemma", "decoder-mqa", "GemmaConfig", "GemmaModel", {**_DEC, "num_key_value_heads": 1, "head_dim": 8},
+         "causal", "multi-query, RMSNorm (1 + w), tanh GELU"),
+    Arch("falcon", "decoder-mqa", "FalconConfig", "FalconModel",
+         {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+          "multi_query": True, "new_decoder_architecture": False, "alibi": False, "parallel_attn": True},
+         "causal", "multi-query"),
+    Arch("gpt_bigcode", "decoder-mqa", "GPTBigCodeConfig", "GPTBigCodeModel",
+         {"n_layer": 2, "n_embd": 32, "n_head": 4, "vocab_size": VOCAB, "n_positions": 64, "multi_query": True},
+         "causal", "multi-query"),
+    # encoders
+    Arch("bert", "encoder", "BertConfig", "BertModel", dict(_ENC), "padded", "padding mask"),
+    Arch("roberta", "encoder", "RobertaConfig", "RobertaModel", {**_ENC, "pad_token_id": 1}, "padded",
+         "padding mask"),
+    Arch("distilbert", "encoder", "DistilBertConfig", "DistilBertModel",
+         {"vocab_size": VOCAB, "dim": 32, "hidden_dim": 64, "n_layers": 2, "n_heads": 4,
+          "max_position_embeddings": 64}, "padded", "padding mask"),
+    Arch("albert", "encoder", "AlbertConfig", "AlbertModel", {**_ENC, "embedding_size": 16}, "padded",
+         "shared layers, padding mask"),
+    Arch("electra", "encoder", "ElectraConfig", "ElectraModel", {**_ENC, "embedding_size": 16}, "padded",
+         "padding mask"),
+    # encoder-decoders
+    Arch("t5", "encoder-decoder", "T5Config", "T5Model",
+         {"vocab_size": VOCAB, "d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 2, "num_decoder_layers": 2,
+          "num_heads": 4, "relative_attention_num_buckets": 8, "decoder_start_token_id": 0, "pad_token_id": 0},
+         "seq2seq", "relative position bias + padding mask, unscaled"),
+    Arch("bart", "encoder-decoder", "BartConfig", "BartModel", dict(_BART), "seq2seq", "padding mask, cross-attention"),
+    Arch("marian", "encoder-decoder", "MarianConfig", "MarianModel", {**_BART, "pad_token_id": 0}, "seq2seq",
+         "padding mask, cross-attention"),
+    # vision
+    Arch("vit", "vision", "ViTConfig", "ViTModel", dict(_VIT), "image", "no mask"),
+    Arch("deit", "vision", "DeiTConfig", "DeiTModel", dict(_VIT), "image", "no mask"),
+    Arch("swin", "vision", "SwinConfig", "SwinModel",
+         {"image_size": IMAGE, "patch_size": 4, "embed_dim": 16, "depths": [2, 2], "num_heads": [2, 4],
+          "window_size": 4}, "image", "window attention, relative position bias, shifted-window mask"),
+)
+
+ARCHS: dict[str, Arch] = {a.name: a for a in ZOO}
+QUICK = ("gpt2", "llama", "bert", "t5", "vit")
+
+
+def build(arch: Arch) -> Sample:
+    """The tiny random model of ``arch`` (eval mode, eager attention, seed 0) with its inputs."""
+    import transformers
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    config = getattr(transformers, arch.config)(**arch.options, use_cache=False)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = LastHidden(getattr(transformers, arch.model)(config)).eval()
+    args, kwargs = _inputs(arch.inputs)
+    return Sample(arch.name, arch.family, model, args, kwargs)
+
+
+def build_zoo(names: Iterable[str]) -> tuple[list[Sample], dict[str, str]]:
+    """The samples of ``names`` that build and export, and {name: error} for the others."""
+    samples, skipped = [], {}
+    for name in names:
+        try:
+            sample = build(ARCHS[name])
+            sample.program()
+            samples.append(sample)
+        except Exception as exc:  # noqa: BLE001 - an architecture this transformers cannot build is skipped
+            skipped[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+    return samples, skipped
+
+
+# ----------------------------------------------------------------------------------------------
+# reading graphs
+# ----------------------------------------------------------------------------------------------
+
+
+def _op_name(node: fx.Node) -> str:
+    """``softmax`` for ``aten._softmax.default``, ``torch.softmax``, ``Tensor.softmax``; '' for non-calls."""
+    if node.op == "call_function":
+        target = node.target
+        if isinstance(target, torch._ops.OpOverload):
+            return target._opname
+        if isinstance(target, torch._ops.OpOverloadPacket):
+            return target.__name__
+        return getattr(target, "__name__", str(target))
+    if node.op == "call_method":
+        return str(node.target)
+    return ""
+
+
+SOFTMAX_OPS = frozenset({"softmax", "_softmax", "_safe_softmax"})
+SDPA_OPS = frozenset({"scaled_dot_product_attention", "_scaled_dot_product_attention_math",
+                      "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
+                      "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+                      "_scaled_dot_product_fused_attention_overrideable"})
+MATMUL_OPS = frozenset({"matmul", "bmm", "mm", "einsum", "baddbmm"})
+NORM_OPS = frozenset({"layer_norm", "native_layer_norm", "rms_norm", "_fused_rms_norm", "group_norm",
+                      "native_group_norm", "batch_norm", "instance_norm"})
+ACTIVATION_OPS = frozenset({"gelu", "silu", "mish", "hardswish", "hardsigmoid", "relu6", "leaky_relu", "softplus"})
+# ops that carry the attention weights on to the matmul unchanged in value (or only recast)
+_PASS_THROUGH = frozenset({"to", "_to_copy", "type_as", "type", "float", "dropout", "native_dropout", "clone",
+                           "contiguous", "alias", "detach", "view", "reshape", "_unsafe_view", "expand",
+                           "getitem", "masked_fill", "where"})
+
+
+def count_ops(gm: fx.GraphModule, names: frozenset[str]) -> Counter[str]:
+    return Counter(op for op in map(_op_name, gm.graph.nodes) if op in names)
+
+
+def consuming_matmul(softmax: fx.Node, depth: int = 6) -> fx.Node | None:
+    """The matmul the softmax's weights reach as an operand (through casts, dropout, views), or None."""
+    frontier = [softmax]
+    for _ in range(depth):
+        following = []
+        for node in frontier:
+            for user in node.users:
+                op = _op_name(user)
+                if op in MATMUL_OPS:
+                    return user
+                if op in _PASS_THROUGH:
+                    following.append(user)
+        frontier = following
+    return None
+
+
+def attention_softmaxes(gm: fx.GraphModule) -> list[fx.Node]:
+    """The softmax nodes whose result reaches a matmul: one per eager attention block."""
+    return [n for n in gm.graph.nodes if _op_name(n) in SOFTMAX_OPS and consuming_matmul(n) is not None]
+
+
+def attention_rules(rules: fxrewrite.RuleSet) -> fxrewrite.RuleSet:
+    """The rules of ``rules`` that turn attention into SDPA: those of the library's attention
+    topic (``rules/attention.*``) and any other whose name says attention."""
+    def is_attention(rule: fxrewrite.Rule) -> bool:
+        return Path(rule.origin.rpartition(":")[0]).stem == "attention" or "attention" in rule.name
+
+    return fxrewrite.RuleSet([r for r in rules if is_attention(r)])
+
+
+def why_left(gm: fx.GraphModule, softmaxes: Sequence[fx.Node], rules: fxrewrite.RuleSet) -> list[str]:
+    """For each attention softmax left in ``gm``: the closest miss of the attention ``rules`` at
+    the matmul that consumes it (``fxrewrite.explain``), as one line."""
+    if not softmaxes:
+        return []
+    explained = fxrewrite.explain(gm, rules, misses=1 << 20)
+    best: dict[str, tuple[int, str]] = {}
+    for rule in explained.rules:
+        for miss in rule.misses:
+            if miss.graph_node not in best or miss.progress > best[miss.graph_node][0]:
+                best[miss.graph_node] = (miss.progress, f"{rule.rule}: {miss}")
+    reasons = []
+    for softmax in softmaxes:
+        matmul = consuming_matmul(softmax)
+        assert matmul is not None
+        reason = best.get(matmul.name, (0, f"no attention rule anchors at '{matmul.name}' ({_op_name(matmul)})"))[1]
+        reasons.append(f"{softmax.name} -> {matmul.name}: {reason}")
+    return reasons
+
+
+# ----------------------------------------------------------------------------------------------
+# measuring
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    arch: str
+    family: str
+    note: str = ""
+    nodes: int = 0
+    attention: int = 0
+    converted: int = 0
+    left: list[str] = field(default_factory=list)
+    norms: int = 0
+    norms_before: int = 0
+    activations: int = 0
+    activations_before: int = 0
+    fired: dict[str, int] = field(default_factory=dict)
+    rewrite_ms: float = float("nan")
+    exact: bool = False
+    max_diff: float = float("nan")
+    inductor_attention: int | None = None
+    inductor_patterns: int | None = None
+    inductor_sdpa_nodes: int | None = None
+    inductor_max_diff: float = float("nan")
+    error: str = ""
+
+
+def _run(module: nn.Module, sample: Sample) -> torch.Tensor:
+    with torch.no_grad():
+        return module(*sample.args, **sample.kwargs)
+
+
+def measure_rewrite(sample: Sample, library: fxrewrite.RuleSet, row: Row) -> fxrewrite.RewriteResult:
+    """Fill the fxrewrite side of ``row``; return the rewrite result."""
+    program = sample.program()
+    before = program.module()
+    started = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = fxrewrite.rewrite(program, library)
+    row.rewrite_ms = (time.perf_counter() - started) * 1e3
+    after = result.module
+    after.graph.lint()
+    row.nodes = len(before.graph.nodes)
+    row.attention = len(attention_softmaxes(before))
+    left = attention_softmaxes(after)
+    row.converted = sum(count_ops(after, SDPA_OPS).values()) - sum(count_ops(before, SDPA_OPS).values())
+    row.norms_before = sum(count_ops(before, NORM_OPS).values())
+    row.norms = sum(count_ops(after, NORM_OPS).values()) - row.norms_before
+    row.activations_before = sum(count_ops(before, ACTIVATION_OPS).values())
+    row.activations = sum(count_ops(after, ACTIVATION_OPS).values()) - row.activations_before
+    row.fired = {name: n for name, n in result.report.applied.items() if n}
+    expected, actual = _run(before, sample), _run(result.exported_program.module(), sample)
+    row.max_diff = float((actual - expected).abs().max())
+    try:
+        torch.testing.assert_close(actual, expected)
+        row.exact = True
+    except AssertionError as exc:
+        row.error = f"numerics: {str(exc).splitlines()[0]}"
+    if row.converted + len(left) != row.attention:
+        row.error += f" attention count: {row.converted} converted + {len(left)} left != {row.attention}"
+    row.left = why_left(after, left, attention_rules(library))
+    return result
+
+
+class _SdpaCounter:
+    """A post-grad custom pass that counts SDPA nodes of the graphs Inductor compiles."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, graph: fx.Graph) -> None:
+        self.count += sum(1 for n in graph.nodes if _op_name(n) in SDPA_OPS)
+
+    def uuid(self) -> str:
+        return "bench_zoo_sdpa_counter"
+
+
+def measure_inductor(sample: Sample, row: Row) -> None:
+    """Fill the Inductor side of ``row``: torch.compile the model on CPU, read the counters."""
+    import torch._dynamo
+    import torch._inductor.config as inductor_config
+    from torch._dynamo.utils import counters
+
+    counter = _SdpaCounter()
+    torch._dynamo.reset()
+    counters.clear()
+    with inductor_config.patch(fx_graph_cache=False, post_grad_custom_post_pass=counter), \
+            torch._functorch.config.patch(enable_autograd_cache=False), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled = torch.compile(sample.model, backend="inductor")
+        actual = _run(compiled, sample)
+    row.inductor_attention = int(counters["inductor"]["fuse_attention"])
+    row.inductor_patterns = int(counters["inductor"]["pattern_matcher_count"])
+    row.inductor_sdpa_nodes = counter.count
+    row.inductor_max_diff = float((actual - _run(sample.model, sample)).abs().max())
+    torch._dynamo.reset()
+
+
+def measure(sample: Sample, library: fxrewrite.RuleSet, inductor: bool) -> Row:
+    arch = ARCHS.get(sample.name)
+    row = Row(sample.name, sample.family, arch.note if arch else "")
+    try:
+        measure_rewrite(sample, library, row)
+    except Exception as exc:  # noqa: BLE001 - reported in the table, exit code 1
+        row.error = f"rewrite raised {type(exc).__name__}: {exc}"
+        traceback.print_exc()
+    if inductor:
+        try:
+            measure_inductor(sample, row)
+        except Exception as exc:  # noqa: BLE001 - reported, not fatal: Inductor is the comparison
+            row.error += f" inductor raised {type(exc).__name__}: {str(exc).splitlines()[0]}"
+    return row
+
+
+# ----------------------------------------------------------------------------------------------
+# fire counts and the invariant
+# ----------------------------------------------------------------------------------------------
+
+
+def fire_counts(rules: fxrewrite.RulesLike, samples: Sequence[Sample]) -> dict[str, int]:
+    """How often each rule of ``rules`` fires over ``samples`` (each exported program rewritten
+    with the whole rule set), summed; every rule of the set has an entry."""
+    ruleset = rules if isinstance(rules, fxrewrite.RuleSet) else fxrewrite.RuleSet(list(rules))
+    total: Counter[str] = Counter({name: 0 for name in ruleset.names})
+    for sample in samples:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            total.update(fxrewrite.rewrite(sample.program(), ruleset).report.applied)
+    return dict(total)
+
+
+def with_rule(library: fxrewrite.RuleSet, rule: fxrewrite.Rule) -> fxrewrite.RuleSet:
+    """``library`` with ``rule`` in it (replacing the library's rule of that name, if any)."""
+    return fxrewrite.RuleSet([*(r for r in library if r.name != rule.name), rule])
+
+
+def invariant_violations(rules: Iterable[fxrewrite.Rule], library: fxrewrite.RuleSet,
+                         samples: Sequence[Sample]) -> dict[str, tuple[int, int]]:
+    """{rule: (count alone, count with the library)} for each rule of ``rules`` that fires less
+    often over ``samples`` with the whole library loaded than alone (empty: the invariant holds)."""
+    bad = {}
+    for rule in rules:
+        alone = fire_counts(fxrewrite.RuleSet([rule]), samples)[rule.name]
+        if alone == 0:
+            continue  # nothing to lower
+        together = fire_counts(with_rule(library, rule), samples)[rule.name]
+        if together < alone:
+            bad[rule.name] = (alone, together)
+    return bad
+
+
+def every_rule(library: fxrewrite.RuleSet) -> list[fxrewrite.Rule]:
+    """The library's rules and those of ``examples/*_rules``."""
+    rules = list(library)
+    for directory in EXAMPLE_RULES:
+        rules.extend(fxrewrite.load_rules(directory))
+    return rules
+
+
+# ----------------------------------------------------------------------------------------------
+# report
+# ----------------------------------------------------------------------------------------------
+
+_HEADER = ("arch", "family", "nodes", "attn->SDPA", "inductor", "norms", "acts", "rules fired", "rewrite ms",
+           "numerics")
+
+
+def _opt(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def table(rows: Sequence[Row], skipped: dict[str, str]) -> str:
+    cells = [_HEADER]
+    for r in rows:
+        numerics = f"{'exact' if r.exact else 'DIFF'} {r.max_diff:.1e}"
+        cells.append((r.arch, r.family, str(r.nodes), f"{r.converted}/{r.attention}", _opt(r.inductor_attention),
+                      f"+{r.norms}", f"+{r.activations}", str(sum(r.fired.values())), f"{r.rewrite_ms:.0f}",
+                      numerics))
+    measured = [r for r in rows if not r.error.startswith("rewrite raised")]
+    inductor = [r.inductor_attention for r in rows if r.inductor_attention is not None]
+    cells.append(("total", f"{len(rows)} archs", str(sum(r.nodes for r in rows)),
+                  f"{sum(r.converted for r in rows)}/{sum(r.attention for r in rows)}",
+                  str(sum(inductor)) if inductor else "-", f"+{sum(r.norms for r in rows)}",
+                  f"+{sum(r.activations for r in rows)}", str(sum(sum(r.fired.values()) for r in rows)),
+                  f"{sum(r.rewrite_ms for r in measured):.0f}",
+                  f"{sum(r.exact for r in rows)}/{len(rows)} exact"))
+    widths = [max(len(c[i]) for c in cells) for i in range(len(_HEADER))]
+    right = {2, 3, 4, 5, 6, 7, 8}
+    lines = ["  ".join(c[i].rjust(widths[i]) if i in right else c[i].ljust(widths[i]) for i in range(len(c)))
+             for c in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.insert(len(lines) - 1, lines[1])
+    for name, error in skipped.items():
+        lines.append(f"skipped {name}: {error}")
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def details(rows: Sequence[Row]) -> str:
+    lines = []
+    for r in rows:
+        fired = ", ".join(f"{name} x{n}" for name, n in sorted(r.fired.items())) or "(none)"
+        inductor = ("" if r.inductor_attention is None else
+                    f"; inductor: fuse_attention {r.inductor_attention}, {r.inductor_sdpa_nodes} SDPA node(s) "
+                    f"post-grad, {r.inductor_patterns} pattern replacement(s), max diff {r.inductor_max_diff:.1e}")
+        lines.append(f"{r.arch} ({r.family}; {r.note}): {fired}{inductor}")
+        lines += [f"    left {reason}" for reason in r.left]
+        if r.error:
+            lines.append(f"    ERROR:{r.error}")
+    return "\n".join(lines)
+
+
+def compare(rows: Sequence[Row]) -> str:
+    """The done-when of issue 20, row by row: at least Inductor's count, exact numerics."""
+    behind = [f"{r.arch} ({r.converted} < {r.inductor_attention})" for r in rows
+              if r.inductor_attention is not None and r.converted < r.inductor_attention]
+    inexact = [r.arch for r in rows if not r.exact]
+    return "\n".join([
+        f"attention converted, fxrewrite: {sum(r.converted for r in rows)} of {sum(r.attention for r in rows)} "
+        f"block(s) on {len(rows)} architecture(s)",
+        "behind Inductor on: " + (", ".join(behind) or "none"),
+        "numerics not exact at float32 defaults on: " + (", ".join(inexact) or "none"),
+    ])
+
+
+# ----------------------------------------------------------------------------------------------
+# command line
+# ----------------------------------------------------------------------------------------------
+
+
+def _names(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in ARCHS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown architecture(s) {', '.join(unknown)}; choose from "
+                                         f"{', '.join(ARCHS)}")
+    return names
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="bench_zoo.py", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help=f"only {','.join(QUICK)}")
+    parser.add_argument("--models", type=_names, default=None, help=f"comma-separated subset of {','.join(ARCHS)}")
+    parser.add_argument("--no-inductor", action="store_true", help="skip torch.compile (fxrewrite only)")
+    parser.add_argument("--invariant", action="store_true",
+                        help="also check every rule (library and examples/*_rules): fires as often with the "
+                             "library as alone")
+    parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
+    args = parser.parse_args(argv)
+    args.models = args.models or (QUICK if args.quick else tuple(ARCHS))
+    return args
+
+
+def main(argv: Sequence[str] | None = None, out: Any = None) -> int:
+    """Run the benchmark and print the report; returns 0, or 1 when a rewrite raised or changed numbers."""
+    out = out if out is not None else sys.stdout
+    args = parse_args(argv)
+    started = time.perf_counter()
+    import transformers
+
+    library = fxrewrite.load_rules()
+    print(f"fxrewrite {fxrewrite.__version__}, torch {torch.__version__}, transformers {transformers.__version__}, "
+          f"{len(library)} library rules, {len(args.models)} architecture(s), "
+          f"inductor {'off' if args.no_inductor else 'on'}", file=out, flush=True)
+    samples, skipped = build_zoo(args.models)
+    rows = []
+    for sample in samples:
+        rows.append(measure(sample, library, inductor=not args.no_inductor))
+        print(f"  {sample.name}: done", file=out, flush=True)
+    print(f"\n{table(rows, skipped)}\n\n{details(rows)}\n\n{compare(rows)}", file=out)
+    violations: dict[str, tuple[int, int]] = {}
+    if args.invariant:
+        violations = invariant_violations(every_rule(library), library, samples)
+        print("\ninvariant (a rule fires at least as often with the library as alone): "
+              + ("holds" if not violations else
+                 "VIOLATED by " + ", ".join(f"{n} (alone {a}, with library {b})" for n, (a, b) in violations.items())),
+              file=out)
+    print(f"\ntotal benchmark time {time.perf_counter() - started:.1f} s", file=out)
+    if args.json is not None:
+        args.json.write_text(json.dumps({"rows": [asdict(r) for r in rows], "skipped": skipped,
+                                         "invariant_violations": violations}, indent=1))
+    return 0 if all(r.exact and not r.error for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
