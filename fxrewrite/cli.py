@@ -314,13 +314,25 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except FxRewriteError as exc:
-        print(f"fxrewrite {args.command}: error: {exc}", file=sys.stderr)
+        print(f"fxrewrite {args.command}: error: {_for_the_command_line(exc)}", file=sys.stderr)
         if isinstance(exc.__cause__, MetadataError):
             print(f"On the command line: {_METADATA_HINT}.", file=sys.stderr)
-        if isinstance(exc, DidNotConverge):
-            print("On the command line: raise the budget with --max-rewrites N if the graph needs more rewrites.",
-                  file=sys.stderr)
         return 2
+
+
+#: The library's advice on the rewrite budget, and the same advice on the command line.
+_BUDGET_ADVICE = ("Raise max_rewrites", "Raise the budget with --max-rewrites N")
+
+
+def _for_the_command_line(exc: FxRewriteError) -> str:
+    """The error's message, its advice spelt as command-line options (said once)."""
+    text = str(exc)
+    if isinstance(exc, DidNotConverge):
+        library, command_line = _BUDGET_ADVICE
+        if library in text:
+            return text.replace(library, command_line)
+        return f"{text} {command_line} if the graph needs more rewrites."
+    return text
 
 
 if __name__ == "__main__":

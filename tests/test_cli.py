@@ -241,6 +241,7 @@ def test_max_rewrites_bounds_the_rewrites_and_the_error_says_how_to_raise_it(pro
     code, _, err = run("apply", "deep.py:model", "--rules", "loop.py", "--max-rewrites", "1")
     assert code == 2
     assert "did not reach a fixed point within 1 rewrites" in err and "--max-rewrites N" in err
+    assert err.count("--max-rewrites") == 1 and "Raise max_rewrites" not in err  # the hint once, as an option
     code, out, _ = run("apply", "deep.py:model", "--rules", "loop.py", "--max-rewrites", "2")
     assert code == 0 and rows(out)["relu_relu"][0] == "2"
 
