@@ -296,20 +296,69 @@ def count_ops(gm: fx.GraphModule, names: frozenset[str]) -> Counter[str]:
     return Counter(op for op in map(_op_name, gm.graph.nodes) if op in names)
 
 
-def consuming_matmul(softmax: fx.Node, depth: int = 6) -> fx.Node | None:
-    """The matmul the softmax's weights reach as an operand (through casts, dropout, views), or None."""
-    frontier = [softmax]
+def _forward_path(softmax: fx.Node, depth: int = 6) -> list[fx.Node] | None:
+    """The nodes from ``softmax`` to the matmul its weights reach as an operand (through casts,
+    dropout, views), both included; None when they reach none."""
+    frontier: list[list[fx.Node]] = [[softmax]]
     for _ in range(depth):
         following = []
-        for node in frontier:
-            for user in node.users:
+        for path in frontier:
+            for user in path[-1].users:
                 op = _op_name(user)
                 if op in MATMUL_OPS:
-                    return user
+                    return [*path, user]
                 if op in _PASS_THROUGH:
-                    following.append(user)
+                    following.append([*path, user])
         frontier = following
     return None
+
+
+def consuming_matmul(softmax: fx.Node) -> fx.Node | None:
+    """The matmul the softmax's weights reach as an operand (through casts, dropout, views), or None."""
+    path = _forward_path(softmax)
+    return path[-1] if path else None
+
+
+def _scores_path(softmax: fx.Node, depth: int = 5) -> list[fx.Node]:
+    """The nodes from the scores' matmul to ``softmax`` (the first path found, graph order)."""
+    def search(node: fx.Node, left: int) -> list[fx.Node] | None:
+        if node is not softmax and _op_name(node) in MATMUL_OPS:
+            return [node]
+        if left == 0:
+            return None
+        for source in node.all_input_nodes:
+            if source.op == "call_function":
+                found = search(source, left - 1)
+                if found:
+                    return [*found, node]
+        return None
+
+    return search(softmax, depth) or [softmax]
+
+
+def _arg(value: Any) -> str:
+    if isinstance(value, fx.Node):
+        return value.name
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(map(_arg, value)) + "]"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def node_code(node: fx.Node) -> str:
+    """``add = aten.add.Tensor(mul, mask)``: one graph node, short."""
+    target = node.target
+    op = str(target).removeprefix("aten.") if isinstance(target, torch._ops.OpOverload) else _op_name(node)
+    args = [_arg(a) for a in node.args] + [f"{k}={_arg(v)}" for k, v in node.kwargs.items()]
+    return f"{node.name} = {op}({', '.join(args)})"
+
+
+def block_code(softmax: fx.Node) -> list[str]:
+    """The attention block around ``softmax`` as graph nodes: from the scores' matmul through the
+    softmax to the matmul with the values."""
+    forward = _forward_path(softmax) or [softmax]
+    return [node_code(n) for n in [*_scores_path(softmax), *forward[1:]]]
 
 
 def attention_softmaxes(gm: fx.GraphModule) -> list[fx.Node]:
@@ -326,24 +375,40 @@ def attention_rules(rules: fxrewrite.RuleSet) -> fxrewrite.RuleSet:
     return fxrewrite.RuleSet([r for r in rules if is_attention(r)])
 
 
-def why_left(gm: fx.GraphModule, softmaxes: Sequence[fx.Node], rules: fxrewrite.RuleSet) -> list[str]:
+@dataclass
+class Left:
+    """An attention block the rewrite left, and why: the closest miss of the attention rules at
+    the matmul that consumes its softmax."""
+
+    softmax: str
+    matmul: str
+    rule: str
+    reason: str
+    block: list[str]
+
+    def __str__(self) -> str:
+        return f"{self.softmax} -> {self.matmul}: {self.rule}: {self.reason}"
+
+
+def why_left(gm: fx.GraphModule, softmaxes: Sequence[fx.Node], rules: fxrewrite.RuleSet) -> list[Left]:
     """For each attention softmax left in ``gm``: the closest miss of the attention ``rules`` at
-    the matmul that consumes it (``fxrewrite.explain``), as one line."""
+    the matmul that consumes it (``fxrewrite.explain``, the miss that got furthest)."""
     if not softmaxes:
         return []
     explained = fxrewrite.explain(gm, rules, misses=1 << 20)
-    best: dict[str, tuple[int, str]] = {}
+    best: dict[str, tuple[int, str, str]] = {}
     for rule in explained.rules:
         for miss in rule.misses:
             if miss.graph_node not in best or miss.progress > best[miss.graph_node][0]:
-                best[miss.graph_node] = (miss.progress, f"{rule.rule}: {miss}")
-    reasons = []
+                best[miss.graph_node] = (miss.progress, rule.rule, str(miss))
+    left = []
     for softmax in softmaxes:
         matmul = consuming_matmul(softmax)
         assert matmul is not None
-        reason = best.get(matmul.name, (0, f"no attention rule anchors at '{matmul.name}' ({_op_name(matmul)})"))[1]
-        reasons.append(f"{softmax.name} -> {matmul.name}: {reason}")
-    return reasons
+        _, rule, reason = best.get(matmul.name, (0, "-", f"no attention rule is tried at '{matmul.name}' "
+                                                        f"({_op_name(matmul)})"))
+        left.append(Left(softmax.name, matmul.name, rule, reason, block_code(softmax)))
+    return left
 
 
 # ----------------------------------------------------------------------------------------------
@@ -359,7 +424,7 @@ class Row:
     nodes: int = 0
     attention: int = 0
     converted: int = 0
-    left: list[str] = field(default_factory=list)
+    left: list[Left] = field(default_factory=list)
     norms: int = 0
     norms_before: int = 0
     activations: int = 0
@@ -546,7 +611,14 @@ def table(rows: Sequence[Row], skipped: dict[str, str]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+def _why(left: Left) -> str:
+    """The reason without the node names (the same spelling in every layer reads alike)."""
+    return left.rule + left.reason.partition("): ")[2]
+
+
 def details(rows: Sequence[Row]) -> str:
+    """Per architecture: the rules that fired, Inductor's counters, and each block left with
+    the reason (and the block's graph nodes, once per distinct reason)."""
     lines = []
     for r in rows:
         fired = ", ".join(f"{name} x{n}" for name, n in sorted(r.fired.items())) or "(none)"
@@ -554,7 +626,10 @@ def details(rows: Sequence[Row]) -> str:
                     f"; inductor: fuse_attention {r.inductor_attention}, {r.inductor_sdpa_nodes} SDPA node(s) "
                     f"post-grad, {r.inductor_patterns} pattern replacement(s), max diff {r.inductor_max_diff:.1e}")
         lines.append(f"{r.arch} ({r.family}; {r.note}): {fired}{inductor}")
-        lines += [f"    left {reason}" for reason in r.left]
+        for i, left in enumerate(r.left):
+            lines.append(f"    left {left}")
+            if i == 0 or _why(left) != _why(r.left[i - 1]):
+                lines += [f"        {code}" for code in left.block]
         if r.error:
             lines.append(f"    ERROR:{r.error}")
     return "\n".join(lines)
