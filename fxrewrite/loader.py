@@ -32,7 +32,8 @@ from .dsl import parse_rules
 from .errors import RuleDefinitionError, RuleLoadError
 from .rule import Rule, RuleBuilder, RuleSet
 
-__all__ = ["RULE_SUFFIXES", "import_file", "load_rules", "parse_rules", "standard_rules_dir"]
+__all__ = ["OPS_FILE", "RULE_SUFFIXES", "import_file", "import_ops", "load_rules", "parse_rules",
+           "standard_rules_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,12 @@ logger = logging.getLogger(__name__)
 RULE_SUFFIXES = (".fxr", ".py")
 
 _SKIPPED_FILES = frozenset({"__init__.py", "conftest.py"})
+
+#: The file of a rules directory that registers the ops its rules call (``torch.library``
+#: custom ops): imported before any rule file of that directory is loaded, once per process, by
+#: everything that loads rules (``load_rules``, ``fxrewrite check``/``apply``/``lint``, the pytest
+#: plugin, ``inductor_pass``). Its leading ``_`` keeps it from being read as a rule file.
+OPS_FILE = "_ops.py"
 
 
 def load_rules(path: str | Path | None = None, *, names: Mapping[str, Any] | None = None,
@@ -113,7 +120,42 @@ def standard_rules_dir(package: Path | None = None) -> Path:
                         f"exists. Reinstall fxrewrite, or pass the path of your rules to load_rules().")
 
 
+def import_ops(directory: str | Path) -> ModuleType | None:
+    """Import the ops file (:data:`OPS_FILE`, ``_ops.py``) of a rules directory, once per process,
+    and return it; ``None`` when the directory has none. :func:`load_rules` calls it for the
+    directory of every rule file before loading the file, so the ``torch.library`` ops a rule
+    calls (``=> torch.ops.mylib.linear_relu(x, w, b)``) exist wherever the rules are loaded.
+
+    Raises :class:`RuleLoadError` when the file fails to import.
+
+    >>> import pathlib, tempfile
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (folder / "_ops.py").write_text("import torch\\nLOADED = True\\n")
+    >>> import_ops(folder).LOADED, import_ops(folder) is import_ops(folder)
+    (True, True)
+    """
+    path = Path(directory) / OPS_FILE
+    if not path.is_file():
+        return None
+    name = _module_name(path, _OPS_PREFIX)
+    if name in sys.modules:  # registering an op twice is an error: import the file once
+        return sys.modules[name]
+    try:
+        module = import_file(path, prefix=_OPS_PREFIX)
+    except (Exception, SystemExit) as exc:
+        raise RuleLoadError(
+            f"the ops file '{path}' of the rules next to it failed to import: {type(exc).__name__}: "
+            f"{str(exc).rstrip('.')}. Fix it (it registers the ops those rules call, and runs like any Python module)."
+        ) from exc
+    logger.debug("imported the ops of the rules in %s from %s", path.parent, path)
+    return module
+
+
+_OPS_PREFIX = "fxrewrite_ops_"
+
+
 def _load_file(path: Path, names: Mapping[str, Any] | None) -> Iterable[Rule]:
+    import_ops(path.parent)  # the ops its rules call, before the file is read
     if path.suffix == ".fxr":
         try:
             text = path.read_text(encoding="utf-8")

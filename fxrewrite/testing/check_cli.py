@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import attrs
 
@@ -31,7 +31,7 @@ from ..errors import FxRewriteError
 from ..rule import Rule
 from .equivalence import DEFAULT_EXAMPLES, CheckResult, check_rule
 
-__all__ = ["RuleSelectionError", "default_jobs", "run_check", "select_rules"]
+__all__ = ["RuleSelectionError", "checked", "default_jobs", "run_check", "select_rules", "setup_error"]
 
 _COLUMNS = ("rule", "origin", "examples", "verdict", "time")
 
@@ -46,6 +46,67 @@ def default_jobs() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return max(1, os.cpu_count() or 1)
+
+
+def setup_error(rule: Rule) -> str | None:
+    """What is missing for ``rule`` to run at all, or ``None``: its replacement, called once on
+    fx Proxies, names an op or function that does not exist (a ``torch.library`` op whose
+    registering module was not imported). That is a set-up error, reported as such, never as a
+    counterexample: nothing about the rule's soundness is known until it can run.
+
+    >>> from fxrewrite import parse_rules
+    >>> rule = parse_rules("rule mine:\\n    torch.relu(x) => torch.ops.nolib.fast_relu(x)\\n")["mine"]
+    >>> print(setup_error(rule))  # doctest: +ELLIPSIS
+    rule 'mine' (<string>:1) cannot run: ... 'torch.ops.nolib.fast_relu' does not exist ...
+    """
+    import torch.fx as fx
+
+    from ..errors import RuleDefinitionError
+
+    graph = fx.Graph()
+    tracer = fx.proxy.GraphAppendingTracer(graph)
+    arguments: dict[str, Any] = {}
+    for param in rule.compiled.params:
+        if param.kind == "tensor":
+            arguments[param.name] = fx.Proxy(graph.placeholder(param.name), tracer)
+        elif param.kind == "literal" and _probe_literal(param.annotation) is not None:
+            arguments[param.name] = _probe_literal(param.annotation)
+        else:
+            return None  # a module capture: nothing to call the replacement with here
+    try:
+        rule.replacement(**arguments)
+    except RuleDefinitionError as exc:  # a rule file's name that does not resolve
+        problem = str(exc).rstrip(".")
+    except AttributeError as exc:  # torch.ops.<namespace>.<op> in a Python rule
+        if "_OpNamespace" not in str(exc) and "torch.ops" not in str(exc):
+            return None
+        problem = f"{type(exc).__name__}: {str(exc).rstrip('.')}"
+    except Exception:  # anything else is the checker's business (it may depend on the inputs)
+        return None
+    else:
+        return None
+    return (f"rule '{rule.name}' ({rule.origin}) cannot run: its replacement calls something that does not exist: "
+            f"{problem}. This is a set-up error, not a verdict on the rule. If it is a torch.library op, register it in "
+            f"'_ops.py' next to the rule file: fxrewrite imports that file before loading the rules, in "
+            f"load_rules, `fxrewrite check`/`apply`/`lint` and `pytest` alike (docs/cli.md, 'Ops your rules call').")
+
+
+def _probe_literal(annotation: Any) -> Any:
+    import torch
+
+    if annotation is torch.dtype:
+        return torch.float32
+    return {int: 1, float: 1.0, bool: True, str: ""}.get(annotation)
+
+
+def checked(rule: Rule, *, examples: int = DEFAULT_EXAMPLES, seed: int | None = None) -> CheckResult:
+    """:func:`~fxrewrite.testing.check_rule`, after making sure the rule can run at all: a
+    rule with a :func:`setup_error` gets the verdict ``"error"`` with that message."""
+    problem = setup_error(rule)
+    if problem is not None:
+        return CheckResult(rule=rule.name, origin=rule.origin, verdict="error", examples_run=0, seconds=0.0,
+                           message=problem)
+    return check_rule(rule, max_examples=examples, seed=seed)
 
 
 def _load(paths: Sequence[str]) -> list[Rule]:
@@ -218,7 +279,7 @@ def _results(rules: Sequence[Rule], examples: int, seed: int | None, jobs: int,
     if jobs == 1 or len(rules) < 2:
         for i, rule in enumerate(rules):
             status.show(i, [rule.name])
-            yield i, check_rule(rule, max_examples=examples, seed=seed)
+            yield i, checked(rule, examples=examples, seed=seed)
         return
     yield from _parallel(rules, examples, seed, min(jobs, len(rules)), status)
 
@@ -241,7 +302,7 @@ def _initialize(files: Sequence[str] | None, keys: Sequence[tuple[str, str]]) ->
 
 
 def _check_one(index: int, examples: int, seed: int | None) -> CheckResult:
-    return _portable(check_rule(_RULES[index], max_examples=examples, seed=seed))
+    return _portable(checked(_RULES[index], examples=examples, seed=seed))
 
 
 def _portable(result: CheckResult) -> CheckResult:

@@ -126,6 +126,13 @@ class RuleItem(pytest.Item):
         self.rule = rule
         self.add_marker(MARKER)
 
+    def setup(self) -> None:
+        from fxrewrite.testing.check_cli import setup_error
+
+        problem = setup_error(self.rule)
+        if problem is not None:  # the rule cannot run: an error at set-up, not a failed check
+            pytest.fail(problem, pytrace=False)
+
     def runtest(self) -> None:
         from fxrewrite.testing.equivalence import check_rule
 
