@@ -523,7 +523,8 @@ class _Hasher:
         return self._all(values, depth)
 
     def _function(self, fn: types.FunctionType, depth: int) -> list[bytes]:
-        parts = [_placeless(f"{fn.__module__}.{fn.__qualname__}").encode(), _source(fn) or b"", self._code(fn.__code__, depth),
+        name = _placeless(f"{fn.__module__}.{fn.__qualname__}")
+        parts = [name.encode(), _source(fn) or b"", self._code(fn.__code__, depth),
                  self.of(fn.__defaults__, depth), self.of(fn.__kwdefaults__, depth)]
         for cell in fn.__closure__ or ():
             try:

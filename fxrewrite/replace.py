@@ -433,6 +433,7 @@ class Splicer:
             if not replayed:  # what a replay builds passed these checks when it was recorded
                 _refuse_non_tensor_outputs(match, rule, new_outputs)
                 _check_created(match, rule, tracer.created)
+                _refuse_unbound_op_calls(match, rule, tracer.created)
         except Exception as exc:
             tracer.rollback()
             if isinstance(exc, (RewriteError, Refuse)):
@@ -572,6 +573,56 @@ def _check_created(match: Match, rule: Rule, created: list[Node]) -> None:
                 raise RewriteError(
                     f"{_where(rule, match)}: the replacement passes the integer constant {_short(value)} to "
                     f"'{node.name}', beyond int64; no torch op takes it. The graph was left as it was.")
+
+
+def _refuse_unbound_op_calls(match: Match, rule: Rule, created: list[Node]) -> None:
+    """Every op call the replacement recorded binds to the op's schema (an overload's, for
+    ``torch.ops.ns.op``): a call with an argument missing or too many would be written into the
+    graph and raise only when the program runs."""
+    for node in created:
+        if node.op != "call_function":
+            continue
+        schemas = _op_schemas(node.target)
+        if not schemas:
+            continue
+        problems = [_binding_problem(schema, node) for schema in schemas]
+        if all(problems):
+            shown = "; ".join(f"{schema} ({problem})" for schema, problem in zip(schemas, problems))
+            raise RewriteError(
+                f"{_where(rule, match)}: the replacement calls {_op_name(node.target)} with arguments that fit none "
+                f"of its schemas: {shown}. The call was {_call_text(node)}. The graph was left as it was; fix the "
+                f"replacement's call.")
+
+
+def _call_text(node: Node) -> str:
+    arguments = [*map(repr, node.args), *(f"{k}={v!r}" for k, v in node.kwargs.items())]
+    return f"{_op_name(node.target)}({', '.join(arguments)})"
+
+
+def _op_schemas(target: Any) -> list[Any]:
+    if isinstance(target, torch._ops.OpOverload):
+        return [target._schema]
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return [getattr(target, name)._schema for name in target.overloads()]
+    return []
+
+
+def _op_name(target: Any) -> str:
+    packet = target.overloadpacket if isinstance(target, torch._ops.OpOverload) else target
+    return f"torch.ops.{packet._qualified_op_name.replace('::', '.')}"
+
+
+def _binding_problem(schema: Any, node: Node) -> str | None:
+    """Why ``node``'s arguments do not bind to ``schema`` (``None``: they do)."""
+    from torch.fx.operator_schemas import _torchscript_schema_to_signature
+
+    try:
+        _torchscript_schema_to_signature(schema).bind(*node.args, **node.kwargs)
+    except TypeError as exc:
+        return str(exc)
+    except Exception:  # a schema Python cannot express as a signature: nothing to check against
+        return None
+    return None
 
 
 def _constants(value: Any) -> Any:

@@ -129,7 +129,7 @@ def test_check_command_reports_a_missing_op_as_an_error_not_as_unsound(tmp_path)
 
 
 def test_check_and_apply_use_the_ops_of_the_rules_directory(tmp_path, monkeypatch):
-    root, ns = rules_with_ops(tmp_path / "dsl_rules")
+    rules_with_ops(tmp_path / "dsl_rules")
     write_source(tmp_path / "mlp.py", MODEL)
     monkeypatch.chdir(tmp_path)
     out = io.StringIO()
@@ -165,3 +165,60 @@ def test_pytest_reports_a_missing_op_as_a_setup_error_without_a_log_flood(tmp_pa
     assert f"'torch.ops.{ns}.linear_relu' does not exist" in result.stdout
     assert "unsound" not in result.stdout and "DEBUG" not in result.stdout
     assert len(result.stdout.splitlines()) < 15, result.stdout
+
+
+# ---- a replacement calling an op with the wrong arguments ---------------------------------------
+
+BAD_RULE = """
+rule linear_relu_short:
+    torch.relu(F.linear(x, w, b)) => torch.ops.{ns}.linear_relu(x, w)
+"""
+
+
+def rules_with_a_short_call(root: Path) -> tuple[Path, str]:
+    root, ns = rules_with_ops(root)
+    (root / "linear.fxr").unlink()
+    write_source(root / "short.fxr", BAD_RULE.format(ns=ns))
+    return root, ns
+
+
+def test_a_call_that_does_not_fit_the_ops_schema_is_refused_when_spliced(tmp_path):
+    root, ns = rules_with_a_short_call(tmp_path / "bad_rules")
+    rules = load_rules(root)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+    x = torch.randn(2, 8)
+    program = torch.export.export(model, (x,))
+    with pytest.raises(fxrewrite.RewriteError) as caught:
+        fxrewrite.rewrite(program, rules)  # an ExportedProgram: no SpecViolationError, the rule's error
+    message = str(caught.value)
+    assert "rule 'linear_relu_short'" in message and f"torch.ops.{ns}.linear_relu" in message
+    assert "missing a required argument: 'b'" in message and "short.fxr:1" in message
+    with pytest.raises(fxrewrite.RewriteError, match="missing a required argument: 'b'"):
+        fxrewrite.rewrite(program.module(), rules)
+
+
+def test_apply_export_stops_on_the_bad_call_and_lint_reports_it_as_an_error(tmp_path, monkeypatch, capsys):
+    rules_with_a_short_call(tmp_path / "bad_rules")
+    write_source(tmp_path / "mlp.py", MODEL)
+    monkeypatch.chdir(tmp_path)
+    out = io.StringIO()
+    assert main(["apply", "mlp.py:model", "--rules", "bad_rules", "--export"], out=out) == 2
+    err = capsys.readouterr().err
+    assert "linear_relu_short" in err and "missing a required argument: 'b'" in err
+    assert "fired" not in out.getvalue()  # nothing was written
+    out = io.StringIO()
+    assert main(["lint", "bad_rules"], out=out) == 1
+    text = out.getvalue()
+    assert text.startswith("error: replacement-raises: rule 'linear_relu_short'")
+    assert "missing a required argument: 'b'" in text and "1 error(s)" in text
+
+
+def test_op_calls_that_fit_a_schema_are_spliced_as_before():
+    add_one = fxrewrite.Rule.from_functions(lambda x: x + 1, lambda x: torch.ops.aten.add.Tensor(x, 1.0, alpha=1),
+                                            name="add_one")
+    add_pkt = fxrewrite.Rule.from_functions(lambda x: x - 1, lambda x: torch.ops.aten.sub(x, 1), name="sub_one")
+    result = fxrewrite.rewrite(lambda x: (x + 1) * (x - 1), fxrewrite.RuleSet([add_one, add_pkt]))
+    assert result.report.applied == {"add_one": 1, "sub_one": 1}
+    result.module.graph.lint()
+    x = torch.randn(3)
+    torch.testing.assert_close(result.module(x), (x + 1) * (x - 1))

@@ -86,8 +86,8 @@ def setup_error(rule: Rule) -> str | None:
     else:
         return None
     return (f"rule '{rule.name}' ({rule.origin}) cannot run: its replacement calls something that does not exist: "
-            f"{problem}. This is a set-up error, not a verdict on the rule. If it is a torch.library op, register it in "
-            f"'_ops.py' next to the rule file: fxrewrite imports that file before loading the rules, in "
+            f"{problem}. This is a set-up error, not a verdict on the rule. If it is a torch.library op, register it "
+            f"in '_ops.py' next to the rule file: fxrewrite imports that file before loading the rules, in "
             f"load_rules, `fxrewrite check`/`apply`/`lint` and `pytest` alike (docs/cli.md, 'Ops your rules call').")
 
 
