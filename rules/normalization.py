@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 
 import fxrewrite
-from _fxrewrite_stdlib import FLOATS, feature_vector, floating, positive, rank_at_least
+from _fxrewrite_stdlib import (FLOATS, dtype_in, dtype_of, feature_length, feature_vector, floating, positive,
+                               rank_at_least)
 
 _NORM = {"rtol": 1e-4, "atol": 1e-4}
 _NORM_DOMAIN = {"dtypes": FLOATS, "ranks": (1, 4), "special_values": False, "min_value": -100.0,
@@ -146,6 +147,85 @@ def rms_norm_from_sqrt(x, eps: float):  # noqa: F811
     return F.rms_norm(x, _last_dim(x), eps=eps)
 
 
+# ---- RMS norm computed in float32 (Llama, Gemma, T5) ------------------------------------------
+# Hugging Face's RMSNorms upcast a float16/bfloat16 input to float32, normalize, and cast back.
+# F.rms_norm computes in float32 for such inputs too (bitwise the same as
+# ``(x.float() * rsqrt(...)).to(x.dtype)`` on CPU), but multiplies by its weight before the one
+# rounding, where Llama and T5 round first and multiply in the half dtype: so for half inputs the
+# weight stays outside (``w * rms_norm(x)``, the same computation), and only float32 fuses it
+# (a float64 input loses the float32 rounding of the formula: more accurate, within tolerance).
+# In float32 graphs the casts are no-ops; these rules fire there too.
+
+_UPCAST = (torch.float32, torch.float16, torch.bfloat16)
+_UPCAST_DOMAIN = {**_AFFINE_DOMAIN, "dtypes": (*FLOATS, torch.bfloat16, torch.float16)}
+
+
+def _rms_norm_float32(x, eps):
+    xf = x.to(torch.float32)
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def _weight_times_rms_norm(x, w, eps):
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, _last_dim(x), w, eps)
+    return w * F.rms_norm(x, _last_dim(x), eps=eps)
+
+
+@fxrewrite.rule(where=(*_NORM_GUARDS, feature_vector("w", of="x")), tolerance=_NORM, domain=_UPCAST_DOMAIN,
+                priority=2)
+def rms_norm_upcast_affine(x, w, eps: float):
+    "Replaces w * (x.float() * rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) (Llama's RMSNorm) by w * rms_norm(x, (x.shape[-1],), eps=eps), or rms_norm(x, (x.shape[-1],), w, eps) for float32 x (needs shapes)."
+    return w * _rms_norm_float32(x, eps).to(x.dtype)
+
+
+@rms_norm_upcast_affine.replacement
+def rms_norm_upcast_affine(x, w, eps: float):  # noqa: F811
+    return _weight_times_rms_norm(x, w, eps)
+
+
+@fxrewrite.rule(where=(*_NORM_GUARDS, feature_length("w", of="x")), tolerance=_NORM, domain=_UPCAST_DOMAIN,
+                priority=2)
+def rms_norm_upcast_gemma(x, w, one: float, eps: float):
+    "Replaces (x.float() * rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps) * (1 + w.float())).type_as(x) (Gemma's RMSNorm) by rms_norm(x.float(), (x.shape[-1],), 1 + w.float(), eps).type_as(x) (needs shapes)."
+    return (_rms_norm_float32(x, eps) * (one + w.to(torch.float32))).type_as(x)
+
+
+@rms_norm_upcast_gemma.replacement
+def rms_norm_upcast_gemma(x, w, one: float, eps: float):  # noqa: F811
+    return F.rms_norm(x.to(torch.float32), _last_dim(x), one + w.to(torch.float32), eps).type_as(x)
+
+
+def _rms_norm_t5(x, eps):
+    """T5LayerNorm: the variance of the upcast input, applied to the input itself (a float32
+    result for half inputs, by type promotion)."""
+    return x * torch.rsqrt(x.to(torch.float32).pow(2).mean(-1, keepdim=True) + eps)
+
+
+# x * rsqrt(float32) is float32 for a half x, where rms_norm(x) would be half: float32/64 only.
+@fxrewrite.rule(where=(*_NORM_GUARDS, feature_vector("w", of="x"), dtype_in("x", FLOATS)), tolerance=_NORM,
+                domain=_AFFINE_DOMAIN, priority=2)
+def rms_norm_t5_affine(x, w, eps: float):
+    "Replaces w * (x * rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)) (T5's layer norm, float32 weights) by rms_norm(x, (x.shape[-1],), w, eps) (needs shapes)."
+    return w * _rms_norm_t5(x, eps)
+
+
+@rms_norm_t5_affine.replacement
+def rms_norm_t5_affine(x, w, eps: float):  # noqa: F811
+    return F.rms_norm(x, _last_dim(x), w, eps)
+
+
+@fxrewrite.rule(where=(*_NORM_GUARDS, feature_vector("w", of="x")), tolerance=_NORM, domain=_UPCAST_DOMAIN,
+                priority=2)
+def rms_norm_t5_half(x, w, eps: float):
+    "Replaces w * (x * rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)).to(w.dtype) (T5's layer norm, half weights) by w * rms_norm(x, (x.shape[-1],), eps=eps), or rms_norm(x, (x.shape[-1],), w, eps) for float32 x (needs shapes)."
+    return w * _rms_norm_t5(x, eps).to(w.dtype)
+
+
+@rms_norm_t5_half.replacement
+def rms_norm_t5_half(x, w, eps: float):  # noqa: F811
+    return _weight_times_rms_norm(x, w, eps)
+
+
 # ---- softmax and log-softmax ---------------------------------------------------------------------
 
 _SOFTMAX = {"rtol": 1e-5, "atol": 1e-6}
@@ -227,3 +307,20 @@ def log_softmax_from_log(x, d: int):
 @log_softmax_from_log.replacement
 def log_softmax_from_log(x, d: int):  # noqa: F811
     return torch.log_softmax(x, d)
+
+
+# softmax(x, dtype=float32) of a float16/bfloat16 x computes in float32 and returns float32; cast
+# back to x's dtype it is softmax(x), which computes a half input in float32 too and rounds once:
+# bitwise the same on CPU along the last dimension, within one unit of the half dtype's last place
+# along others (the dtype's default tolerance, none declared). Not for float64 x, which the formula
+# rounds to float32.
+@fxrewrite.rule(where=(dtype_in("x", _UPCAST), dtype_of("t", "x")),
+                domain={**_SOFTMAX_DOMAIN, "dtypes": _UPCAST, "literals": {"t": _UPCAST}})
+def softmax_upcast(x, d: int, t: torch.dtype):
+    "Replaces softmax(x, d, dtype=torch.float32).to(x.dtype) by softmax(x, d) for float32/float16/bfloat16 x (a half softmax computes in float32)."
+    return torch.softmax(x, d, dtype=torch.float32).to(t)
+
+
+@softmax_upcast.replacement
+def softmax_upcast(x, d: int, t: torch.dtype):  # noqa: F811
+    return torch.softmax(x, d)

@@ -95,6 +95,10 @@ def int_(*shape: int) -> Callable[[], torch.Tensor]:
     return lambda: torch.randint(-50, 50, shape)
 
 
+def bf16_(*shape: int) -> Callable[[], torch.Tensor]:
+    return lambda: randn(*shape).to(torch.bfloat16)
+
+
 def causal_mask(n: int) -> torch.Tensor:
     return torch.full((n, n), float("-inf")).triu(1)
 
@@ -264,13 +268,70 @@ CASES: dict[str, Case] = {
         lambda m, x: m.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)), x_(2, 3, 8), shapes=True,
         weight=randn(8)),
     "rms_norm_from_sqrt": fn(lambda x: x / torch.sqrt((x ** 2).mean(dim=-1, keepdim=True) + 1e-6), x_(2, 3, 8)),
+    "rms_norm_upcast_affine": module(lambda: LlamaRMSNorm(8).to(torch.bfloat16), bf16_(2, 3, 8), shapes=True),
+    "rms_norm_upcast_gemma": module(lambda: GemmaRMSNorm(8).to(torch.bfloat16), bf16_(2, 3, 8), shapes=True),
+    "rms_norm_t5_affine": module(lambda: T5LayerNorm(8), x_(2, 3, 8), shapes=True),
+    "rms_norm_t5_half": module(lambda: T5LayerNorm(8, dtype=torch.bfloat16), bf16_(2, 3, 8), shapes=True),
     "softmax_from_exp_amax": fn(softmax_amax, x_(3, 7)),
     "softmax_from_exp_max": fn(softmax_max, x_(3, 7)),
     "softmax_from_exp_max_values": fn(softmax_max_values, x_(3, 7)),
     "softmax_from_exp": fn(softmax_naive, x_(3, 7)),
     "log_softmax_from_logsumexp": fn(lambda x: x - torch.logsumexp(x, -1, keepdim=True), x_(3, 7)),
     "log_softmax_from_log": fn(lambda x: torch.log(F.softmax(x, dim=1)), x_(3, 7)),
+    "softmax_upcast": fn(lambda x: F.softmax(x * 4, dim=-1, dtype=torch.float32).to(x.dtype), bf16_(3, 7), shapes=True),
 }
+
+
+class LlamaRMSNorm(nn.Module):
+    """transformers' LlamaRMSNorm (Mistral, Qwen2, ... copy it): normalizes in float32."""
+
+    def __init__(self, n: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(n) + 0.5)
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states):
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+class GemmaRMSNorm(nn.Module):
+    """transformers' GemmaRMSNorm: float32 throughout, weight applied as 1 + w."""
+
+    def __init__(self, n: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.randn(n) * 0.1)
+
+    def _norm(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    def forward(self, x):
+        output = self._norm(x.float())
+        output = output * (1.0 + self.weight.float())
+        return output.type_as(x)
+
+
+class T5LayerNorm(nn.Module):
+    """transformers' T5LayerNorm: the variance in float32, the weight in the weight's dtype. (It
+    tests ``self.weight.dtype`` in ``forward``, which symbolic_trace cannot: decided here when
+    the module is built.)"""
+
+    def __init__(self, n: int, eps: float = 1e-6, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.weight = nn.Parameter((torch.rand(n) + 0.5).to(dtype))
+        self.variance_epsilon = eps
+        self.half = dtype in (torch.float16, torch.bfloat16)
+
+    def forward(self, hidden_states):
+        variance = hidden_states.to(torch.float32).pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        if self.half:
+            hidden_states = hidden_states.to(self.weight.dtype)
+        return self.weight * hidden_states
 
 
 class LinearPlusBias(nn.Module):
@@ -505,6 +566,43 @@ def test_reduction_rules_match_other_spellings_of_dim(name):
     result = rewrite(f, LIBRARY[name], example_inputs=(x,))
     assert result.report.applied[name] == 1
     assert_rewrite_sound(f, result, x, **tolerance([LIBRARY[name]]))
+
+
+# ---- Hugging Face's own blocks, as transformers writes them (exported, as the model zoo does) ---------
+
+#: transformers module -> (class, {dtype: the rule that fuses it}).
+HF_NORMS = {
+    "llama": ("llama", "LlamaRMSNorm", {torch.float32: "rms_norm_upcast_affine",
+                                        torch.bfloat16: "rms_norm_upcast_affine"}),
+    "gemma": ("gemma", "GemmaRMSNorm", {torch.float32: "rms_norm_upcast_gemma", torch.bfloat16: "rms_norm_upcast_gemma"}),
+    "t5": ("t5", "T5LayerNorm", {torch.float32: "rms_norm_from_rsqrt_affine", torch.bfloat16: "rms_norm_t5_half"}),
+}
+
+
+def _hf_class(module: str, name: str) -> type:
+    pytest.importorskip("transformers")
+    import importlib
+
+    return getattr(importlib.import_module(f"transformers.models.{module}.modeling_{module}"), name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("name", sorted(HF_NORMS))
+def test_library_fuses_hugging_face_rms_norms(name, dtype):
+    """In float32 torch.export drops T5's no-op upcast of the input (``x.to(float32)`` is ``x``),
+    which leaves the plain formula; in bfloat16 every cast is real and stays in the pattern."""
+    module, cls, expected = HF_NORMS[name]
+    torch.manual_seed(0)
+    norm = _hf_class(module, cls)(16).eval()
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    norm = norm.to(dtype)
+    x = (randn(2, 5, 16) * 3).to(dtype)
+    result = rewrite(torch.export.export(norm, (x,)), LIBRARY)
+    result.module.graph.lint()
+    assert result.report.applied[expected[dtype]] == 1, result.report.applied
+    assert "rms_norm" in result.code and "rsqrt" not in result.code, result.code
+    torch.testing.assert_close(result.module(x), norm(x), rtol=1e-4, atol=1e-4)
 
 
 # ---- the whole library on small models --------------------------------------------------------------
