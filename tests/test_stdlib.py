@@ -179,6 +179,8 @@ CASES: dict[str, Case] = {
     "sigmoid_from_exp": fn(lambda x: 1 / (1 + torch.exp(-x)), x_(4, 4)),
     "gelu_tanh": fn(lambda x: 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * torch.pow(x, 3)))),
                     x_(4, 4)),
+    "gelu_tanh_fast": fn(lambda x: 0.5 * x * (1.0 + torch.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x))),
+                         x_(4, 4)),
     "gelu_erf": fn(lambda x: x * 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0))), x_(4, 4)),
     "gelu_erf_scaled": fn(lambda x: 0.5 * x * (1 + torch.erf(x * 0.7071067811865476)), x_(4, 4)),
     "hardswish_from_relu6": fn(lambda x: x * F.relu6(x + 3.0) / 6.0, x_(4, 4)),
@@ -603,6 +605,27 @@ def test_library_fuses_hugging_face_rms_norms(name, dtype):
     assert result.report.applied[expected[dtype]] == 1, result.report.applied
     assert "rms_norm" in result.code and "rsqrt" not in result.code, result.code
     torch.testing.assert_close(result.module(x), norm(x), rtol=1e-4, atol=1e-4)
+
+
+#: transformers activation class -> its arguments and the rule that fuses it into F.gelu(approximate="tanh").
+HF_ACTIVATIONS = {
+    "NewGELUActivation": ({}, "gelu_tanh"),
+    "GELUTanh": ({"use_gelu_tanh_python": True}, "gelu_tanh"),
+    "AccurateGELUActivation": ({}, "gelu_tanh"),
+    "FastGELUActivation": ({}, "gelu_tanh_fast"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HF_ACTIVATIONS))
+def test_library_fuses_hugging_face_gelu_activations(name):
+    transformers = pytest.importorskip("transformers")
+    kwargs, expected = HF_ACTIVATIONS[name]
+    act = getattr(transformers.activations, name)(**kwargs).eval()
+    x = randn(3, 16) * 4
+    result = rewrite(act, LIBRARY, example_inputs=(x,))
+    assert result.report.applied[expected] == 1, result.report.applied
+    assert "gelu" in result.code and "tanh(" not in result.code, result.code
+    assert_rewrite_sound(act, result, x, rtol=1e-5, atol=1e-5)
 
 
 # ---- the whole library on small models --------------------------------------------------------------
