@@ -8,7 +8,8 @@ meaning fits, so ``except ValueError`` keeps working for callers who do not know
      ├── RuleSyntaxError       (SyntaxError)    a .fxr file does not parse
      ├── RuleLoadError         (ImportError)    a rule file or directory cannot be loaded
      ├── RewriteError          (RuntimeError)   applying a rule to a graph failed; graph untouched
-     │    └── DidNotConverge                    the rewrite budget ran out (rules undo each other)
+     │    ├── DidNotConverge                    the rewrite budget ran out (rules undo each other)
+     │    └── ModuleWriteError                  a replacement wrote into a module the match captured; undone
      ├── MetadataError         (LookupError)    a guard needs shapes/dtypes the graph does not carry
      ├── TargetError           (ValueError)     a model given to the CLI cannot be imported, built or traced
      ├── ArgumentError         (TypeError, ValueError)  a public function got an argument it cannot use
@@ -29,6 +30,7 @@ __all__ = [
     "DidNotConverge",
     "FxRewriteError",
     "MetadataError",
+    "ModuleWriteError",
     "NotEquivalent",
     "RewriteError",
     "RuleDefinitionError",
@@ -107,3 +109,11 @@ class NotEquivalent(FxRewriteError, AssertionError):
 
 class RuleWarning(UserWarning):
     """A rule is probably wrong, but may be intended (so it is a warning, not an error)."""
+
+
+class ModuleWriteError(RewriteError):
+    """A replacement wrote into a parameter or buffer of a module its match captured (an
+    in-place op such as ``conv.weight.mul_(...)``, ``.data`` swapped, an attribute reassigned).
+    The module is shared with the rest of the program, and often with the caller's model: the
+    write was undone before this error was raised, and the graph left as it was. Compute new
+    tensors and register a new module instead (``copy.deepcopy(conv)`` with new weights)."""

@@ -15,6 +15,7 @@ nodes erased.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dis
 import inspect
 import re
@@ -26,10 +27,11 @@ import attrs
 import torch
 import torch.fx as fx
 from torch.fx.node import Node
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._torch import add_node, fresh_node_name, is_erased, node_name_base, tree_leaves
 from .canon import aten_spelling, result_kind, written_arguments
-from .errors import Refuse, RewriteError
+from .errors import ModuleWriteError, Refuse, RewriteError
 from .match import Match, node_position
 from .meta import has_values, propagate_values
 from .rule import Rule
@@ -410,6 +412,7 @@ class Splicer:
         if point is None:
             raise RewriteError(_where(rule, match) + ": no place in the graph where the replacement's inputs "
                                "are all computed and its results not yet used; this match cannot be rewritten.")
+        guard = _CapturedModules.of(match, self.tracer)
         tracer = self.tracer
         # replacements see shapes and dtypes when the graph has them; a rule rewriting a Python value
         # (x.shape[d] => x.size(d)) is recorded as written, never folded to a constant
@@ -425,7 +428,11 @@ class Splicer:
                 if template is not None:
                     new_outputs = template.replay(match, tracer)
                 else:
-                    result = rule.replacement(**_arguments(match, tracer))
+                    with guard if guard is not None else contextlib.nullcontext():
+                        result = rule.replacement(**_arguments(match, tracer))
+                    if guard is not None:
+                        guard.check()
+                        _refuse_shared_modules(match, rule, tracer)
                     new_outputs = _output_nodes(result, match, rule, tracer)
                     _refuse_input_mutation(match, rule, tracer.created)
             if annotated:
@@ -436,6 +443,10 @@ class Splicer:
                 _refuse_unbound_op_calls(match, rule, tracer.created)
         except Exception as exc:
             tracer.rollback()
+            if guard is not None:
+                guard.undo()
+            if isinstance(exc, _ModuleWrite):
+                raise ModuleWriteError(_module_write_message(rule, match, exc)) from None
             if isinstance(exc, (RewriteError, Refuse)):
                 raise
             if isinstance(exc, fx.proxy.TraceError) and annotated:
@@ -708,3 +719,146 @@ def _erase(graph: fx.Graph, match: Match) -> None:
     for node in reversed(match.nodes):
         if not is_erased(node):
             graph.erase_node(node)
+
+
+# -- the modules a match captured stay as they were ----------------------------------------------
+
+
+class _ModuleWrite(Exception):
+    """A replacement changed a module its match captured: ``label`` (``conv.weight``) and how."""
+
+    def __init__(self, label: str, how: str) -> None:
+        super().__init__(f"{label}: {how}")
+        self.label, self.how = label, how
+
+
+@attrs.frozen(eq=False)
+class _TensorState:
+    label: str
+    tensor: torch.Tensor
+    version: int
+    #: An alias of the data as it was (no copy): puts back a swapped ``.data``.
+    data: torch.Tensor
+
+
+@attrs.frozen(eq=False)
+class _ModuleState:
+    label: str
+    module: torch.nn.Module
+    #: The module's public attributes and its parameter, buffer and submodule tables, as they were.
+    attributes: dict[str, Any]
+    tables: tuple[dict[str, Any], ...]
+
+
+def _tables(module: torch.nn.Module) -> tuple[dict[str, Any], ...]:
+    return (module._parameters, module._buffers, module._modules)
+
+
+class _CapturedModules(TorchDispatchMode):
+    """Keeps a replacement from changing the modules its match captured (they belong to the
+    program, and unless ``rewrite`` works on a copy, to the caller's model).
+
+    While the replacement runs, an in-place op on one of their parameters or buffers is refused
+    before it writes (:class:`_ModuleWrite`); afterwards :meth:`check` compares what it snapshot
+    (tensor version counters, ``.data``, attributes, parameter tables) and :meth:`undo` puts back
+    anything changed. Snapshots hold references, never copies of the tensors."""
+
+    def __init__(self, modules: dict[str, torch.nn.Module]) -> None:
+        super().__init__()
+        self.modules: list[_ModuleState] = []
+        self.tensors: list[_TensorState] = []
+        for label, module in modules.items():
+            for sub_label, sub in module.named_modules(prefix=label):
+                public = {k: v for k, v in vars(sub).items() if not k.startswith("_")}
+                self.modules.append(_ModuleState(sub_label, sub, public, tuple(map(dict, _tables(sub)))))
+                for name, t in (*sub._parameters.items(), *sub._buffers.items()):
+                    if isinstance(t, torch.Tensor):
+                        self.tensors.append(_TensorState(f"{sub_label}.{name}", t, t._version, t.data))
+        self.storages = {_storage(s.tensor): s.label for s in self.tensors}
+        self.storages.pop(0, None)
+
+    @classmethod
+    def of(cls, match: Match, tracer: _ReplacementTracer) -> _CapturedModules | None:
+        """The guard for the modules ``match`` binds, named by their path; ``None`` when it binds none."""
+        modules = {tracer._module_paths.get(id(v), name): v for name, v in match.bindings.items()
+                   if isinstance(v, torch.nn.Module)}
+        return cls(modules) if modules else None
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func._schema.is_mutable:
+            for i, argument in enumerate(func._schema.arguments):
+                if argument.alias_info is None or not argument.alias_info.is_write:
+                    continue
+                value = args[i] if i < len(args) else kwargs.get(argument.name)
+                label = self.storages.get(_storage(value)) if isinstance(value, torch.Tensor) else None
+                if label is not None:
+                    raise _ModuleWrite(label, f"written in place by {func}")
+        return func(*args, **kwargs)
+
+    def check(self) -> None:
+        """Raises :class:`_ModuleWrite` for the first change the replacement made."""
+        for state in self.tensors:
+            t = state.tensor
+            if t._version != state.version:
+                raise _ModuleWrite(state.label, "written in place (its version counter changed)")
+            if _storage(t) != _storage(state.data) or t.shape != state.data.shape or t.dtype != state.data.dtype:
+                raise _ModuleWrite(state.label, "its .data was replaced")
+        for m in self.modules:
+            for key, value in m.attributes.items():
+                if vars(m.module).get(key, _UNKNOWN) is not value:
+                    raise _ModuleWrite(f"{m.label}.{key}", "reassigned")
+            for table, before in zip(_tables(m.module), m.tables):
+                changed = sorted(k for k in {*table, *before} if table.get(k, _UNKNOWN) is not before.get(k, _UNKNOWN))
+                if changed:
+                    raise _ModuleWrite(f"{m.label}.{changed[0]}", "reassigned")
+
+    def undo(self) -> None:
+        """Put back every attribute, table entry and ``.data`` the replacement changed."""
+        for m in self.modules:
+            for table, before in zip(_tables(m.module), m.tables):
+                if len(table) != len(before) or any(table.get(k, _UNKNOWN) is not v for k, v in before.items()):
+                    table.clear()
+                    table.update(before)
+            for key, value in m.attributes.items():
+                if vars(m.module).get(key, _UNKNOWN) is not value:
+                    object.__setattr__(m.module, key, value)
+        for state in self.tensors:
+            if _storage(state.tensor) != _storage(state.data) or state.tensor.shape != state.data.shape:
+                with torch.no_grad():
+                    state.tensor.data = state.data
+
+
+def _storage(t: Any) -> int:
+    """The address of a tensor's storage (0 when it has none: fake and meta tensors)."""
+    try:
+        return int(t.untyped_storage().data_ptr())
+    except Exception:
+        return 0
+
+
+def _module_write_message(rule: Rule, match: Match, exc: _ModuleWrite) -> str:
+    return (f"{_where(rule, match)}: the replacement changes '{exc.label}' ({exc.how}), which belongs to a module "
+            f"the match captured. That module is the program's own, called wherever the program calls it, and unless "
+            f"rewrite() works on a copy it is the caller's model too. The change was undone and the graph left as "
+            f"it was; compute new tensors from the module's and call a new module (e.g. copy.deepcopy(conv) with "
+            f"new weights) instead of writing into it.")
+
+
+def _refuse_shared_modules(match: Match, rule: Rule, tracer: _ReplacementTracer) -> None:
+    """A module capture is not handed to a replacement when the program calls that module at
+    more than one place (a fold at one of them would change the others), unless the capture
+    accepts it (``Accept(shared=True)``)."""
+    for param in rule.compiled.module_captures:
+        if getattr(param.accept, "shared", False):
+            continue
+        path = tracer._module_paths.get(id(match.bindings[param.name]))
+        if path is None:
+            continue
+        created = set(tracer.created)  # the replacement's own calls of it are not other places
+        calls = sum(n not in created for n in match.anchor.graph.find_nodes(op="call_module", target=path, sort=False))
+        if calls > 1:
+            raise Refuse(f"module capture '{param.name}' is '{path}', which the program calls at {calls} places; "
+                         f"replacing one call must not change the others (declare "
+                         f"'{param.name}: Annotated[{param.annotation.__name__}, fxrewrite.Accept(shared=True)]' "
+                         f"if the rule never changes the module)")
