@@ -105,24 +105,67 @@ def _print_report(report: Report, out: TextIO, *, all_rows: bool) -> None:
 def cmd_apply(args: argparse.Namespace, out: TextIO) -> int:
     from .codegen import annotated_code, code_diff
     from .rewrite import rewrite
-    from .target import load_target, traced_or_exported
+    from .target import exported_program, load_target, traced_or_exported
 
     target = load_target(args.target)
     rules = _load_rules(args.rules, args.add_rules)
-    before = traced_or_exported(target, export=args.export)
+    if args.output:
+        _check_output(args.output, export=args.export)  # before the work, not after it
+    program = exported_program(target) if args.export else None
+    before = program.module() if program is not None else traced_or_exported(target, export=False)
     print(f"{target.spec}: {len(before.graph.nodes)} nodes, {len(rules)} rules", file=out)
-    result = rewrite(before, rules, example_inputs=_shapes(target, args.shapes), max_rewrites=args.max_rewrites,
-                     on_progress=_progress_display(len(before.graph.nodes)))
+    shapes = _shapes(target, args.shapes) if program is None else None  # an exported graph has them
+    result = rewrite(program if program is not None else before, rules, example_inputs=shapes,
+                     max_rewrites=args.max_rewrites, on_progress=_progress_display(len(before.graph.nodes)))
     _print_report(result.report, out, all_rows=args.all)
     if args.diff:
         print(code_diff(before, result.module, fromfile=f"{args.target} (before)", tofile="after"), file=out)
     if args.show_code:
         print(annotated_code(result.module), file=out)
-    if args.output:
+    if args.output and result.exported_program is not None:
+        _save_program(result.exported_program, args.output, out)
+    elif args.output:
         _save(result.module, args.output, out)
     if args.check and not _check(target, result.module, out):
         return 1
     return 0
+
+
+#: What ``-o OUT`` writes with ``--export``: the rewritten ExportedProgram, ``torch.export.save``d.
+PROGRAM_SUFFIX = ".pt2"
+
+
+def _program_file(output: str) -> Path:
+    path = Path(output)
+    return path if path.suffix == PROGRAM_SUFFIX else path.with_name(path.name + PROGRAM_SUFFIX)
+
+
+def _check_output(output: str, *, export: bool) -> None:
+    """Refuse an output the result cannot be written to, before anything is rewritten."""
+    if export:
+        if _program_file(output).is_dir():
+            raise TargetError(f"-o {output}: '{_program_file(output)}' is a directory; the rewritten program is "
+                              f"written to a file, name another one.")
+        return
+    from .codegen import check_folder
+
+    check_folder(output)
+
+
+def _save_program(program: torch.export.ExportedProgram, output: str, out: TextIO) -> None:
+    """``torch.export.save`` the rewritten program to ``OUT.pt2`` (``OUT`` itself when it ends in .pt2)."""
+    import torch
+
+    path = _program_file(output).resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        torch.export.save(program, path)
+    except Exception as exc:
+        raise TargetError(f"could not save the rewritten program to {path}: {type(exc).__name__}: {exc}. An op a "
+                          f"replacement calls must be registered (torch.library) where the program is saved and "
+                          f"loaded.") from exc
+    print(f"wrote the rewritten program to {path} (load it with: torch.export.load({str(path)!r}).module())",
+          file=out)
 
 
 def _save(module: torch.fx.GraphModule, output: str, out: TextIO) -> None:

@@ -29,7 +29,7 @@ import torch.fx as fx
 
 from .errors import TargetError
 
-__all__ = ["annotated_code", "code_diff", "forward_code", "pickled_submodules", "write_module"]
+__all__ = ["annotated_code", "check_folder", "code_diff", "forward_code", "pickled_submodules", "write_module"]
 
 _NO_TRACE = "# No stacktrace found for following nodes"
 
@@ -69,10 +69,7 @@ def write_module(gm: fx.GraphModule, folder: str | Path, module_name: str = "Rew
     >>> str(folder) in (folder / "module.py").read_text()
     False
     """
-    folder = Path(folder).resolve()
-    if not folder.name.isidentifier():
-        raise TargetError(f"cannot write the rewritten module to {folder}: the folder is imported as a Python "
-                          f"package, so its name must be an identifier; use e.g. '{_identifier(folder.name)}'.")
+    folder = check_folder(folder)
     created = _first_missing(folder)  # removed again if writing fails
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -90,6 +87,16 @@ def write_module(gm: fx.GraphModule, folder: str | Path, module_name: str = "Rew
             f"pickles the module's submodules; modules defined inside functions (or by torch.export's unlifted "
             f"modules) cannot be pickled. Save result.module with torch.save or re-export it instead."
         ) from exc
+    return folder
+
+
+def check_folder(folder: str | Path) -> Path:
+    """``folder`` made absolute, when :func:`write_module` can write to it (its name is imported
+    as a package, so it must be an identifier); else a :class:`TargetError` saying what to use."""
+    folder = Path(folder).resolve()
+    if not folder.name.isidentifier():
+        raise TargetError(f"cannot write the rewritten module to {folder}: the folder is imported as a Python "
+                          f"package, so its name must be an identifier; use e.g. '{_identifier(folder.name)}'.")
     return folder
 
 

@@ -25,7 +25,7 @@ from ._torch import add_node, copy_attribute, copy_namespace, set_graph_without_
 from .errors import RewriteError, TargetError
 from .pattern import TRACING, ThreadConfinedTracer
 
-__all__ = ["Target", "load_target", "to_graph_module", "traced_or_exported"]
+__all__ = ["Target", "exported_program", "load_target", "to_graph_module", "traced_or_exported"]
 
 
 @attrs.frozen
@@ -211,6 +211,19 @@ def _copy_graph(graph: fx.Graph) -> fx.Graph:
     return new
 
 
+def exported_program(target: Target) -> torch.export.ExportedProgram:
+    """``torch.export.export(model, example_inputs)`` of a command-line target."""
+    if target.example_inputs is None:
+        raise TargetError(f"--export needs example inputs: define example_inputs() next to '{target.spec}'.")
+    try:
+        return torch.export.export(target.model, target.example_inputs)
+    except Exception as exc:
+        raise TargetError(
+            f"torch.export.export failed on '{target.spec}': {type(exc).__name__}: {exc}. Drop --export to use "
+            f"symbolic tracing, or fix what torch.export reports."
+        ) from exc
+
+
 def traced_or_exported(target: Target, *, export: bool) -> fx.GraphModule:
     """The graph of a command-line target: symbolically traced, or captured with torch.export."""
     if not export:
@@ -221,16 +234,7 @@ def traced_or_exported(target: Target, *, export: bool) -> fx.GraphModule:
                 f"torch.fx.symbolic_trace failed on '{target.spec}': {type(exc).__name__}: {exc}. Try --export "
                 f"(torch.export handles data-dependent Python better), or make the model traceable."
             ) from exc
-    if target.example_inputs is None:
-        raise TargetError(f"--export needs example inputs: define example_inputs() next to '{target.spec}'.")
-    try:
-        exported = torch.export.export(target.model, target.example_inputs)
-    except Exception as exc:
-        raise TargetError(
-            f"torch.export.export failed on '{target.spec}': {type(exc).__name__}: {exc}. Drop --export to use "
-            f"symbolic tracing, or fix what torch.export reports."
-        ) from exc
-    module = exported.module()
+    module = exported_program(target).module()
     if not isinstance(module, fx.GraphModule):
         raise TargetError(f"torch.export returned a {type(module).__name__}, not a GraphModule; cannot rewrite it.")
     return module

@@ -392,6 +392,32 @@ def test_output_folder_name_must_be_an_identifier(project):
     assert not (project / "my-model").exists()
 
 
+def test_output_with_export_writes_a_loadable_program(project, tmp_path_factory):
+    code, out, err = run("apply", "net.py:model", "--rules", "neg.fxr", "--export", "-o", "written", "--check")
+    assert (code, err) == (0, ""), out
+    saved = project / "written.pt2"
+    assert f"wrote the rewritten program to {saved}" in out and "check: ok" in out
+    assert "rewrite(s)" in out.split("wrote the rewritten program")[0]  # written after rewriting
+    shipped = tmp_path_factory.mktemp("elsewhere") / "net.pt2"
+    shutil.move(saved, shipped)  # a file: it can be moved too
+    program = torch.export.load(shipped)
+    assert isinstance(program, torch.export.ExportedProgram)
+    assert not any(n.target is torch.ops.aten.neg.default for n in program.graph.nodes)
+    target = fxrewrite.target.load_target("net.py:model")
+    x = target.example_inputs[0]
+    torch.testing.assert_close(program.module()(x), target.model(x))
+
+
+def test_output_with_export_may_name_the_program_file_and_is_checked_before_rewriting(project):
+    code, out, _ = run("apply", "net.py:model", "--rules", "neg.fxr", "--export", "-o", "out/net.pt2")
+    assert code == 0 and (project / "out" / "net.pt2").is_file() and not (project / "out" / "net.pt2.pt2").exists()
+    (project / "taken.pt2").mkdir()
+    code, out, err = run("apply", "net.py:model", "--rules", "neg.fxr", "--export", "-o", "taken")
+    assert code == 2 and "is a directory" in err and "rewrite(s)" not in out
+    code, out, err = run("apply", "net.py:model", "--rules", "neg.fxr", "-o", "my-model")
+    assert code == 2 and "rewrite(s)" not in out  # a bad folder name too: refused before the work
+
+
 # ---- bad targets and rule files on the command line ---------------------------------------------------------
 
 
