@@ -550,8 +550,29 @@ def fire_counts(rules: fxrewrite.RulesLike, samples: Sequence[Sample]) -> dict[s
 
 
 def with_rule(library: fxrewrite.RuleSet, rule: fxrewrite.Rule) -> fxrewrite.RuleSet:
-    """``library`` with ``rule`` in it (replacing the library's rule of that name, if any)."""
+    """``library`` with ``rule`` in it: the library itself when the rule is one of it, else the
+    library with the rule added (replacing the library's rule of that name, if any)."""
+    if rule.name in library.names and library[rule.name] is rule:
+        return library
     return fxrewrite.RuleSet([*(r for r in library if r.name != rule.name), rule])
+
+
+def _matching(rules: Sequence[fxrewrite.Rule], samples: Sequence[Sample]) -> set[int]:
+    """The ``id`` of each rule of ``rules`` that matches some sample's exported program as it
+    is (a rule alone can fire only there first): one ``find_matches`` per sample and group of
+    rules with distinct names."""
+    groups: list[dict[str, fxrewrite.Rule]] = []
+    for rule in rules:
+        group = next((g for g in groups if rule.name not in g), None)
+        if group is None:
+            groups.append(group := {})
+        group[rule.name] = rule
+    found = set()
+    for sample in samples:
+        for group in groups:
+            ruleset = fxrewrite.RuleSet(list(group.values()))
+            found |= {id(group[r.name]) for r, _ in fxrewrite.find_matches(sample.program(), ruleset)}
+    return found
 
 
 @dataclass(frozen=True)
@@ -574,14 +595,25 @@ def invariant_violations(rules: Iterable[fxrewrite.Rule], library: fxrewrite.Rul
                          samples: Sequence[Sample]) -> dict[str, Lowered]:
     """{rule: Lowered} for each rule of ``rules`` that fires less often over ``samples`` with the
     whole library loaded than alone (empty: the invariant holds as the issue states it)."""
+    rules = list(rules)
+    matching = _matching(rules, samples)
+    base: dict[str, fxrewrite.RewriteResult] = {}  # the library's own rewrite, made once per sample
     lowered = {}
     for rule in rules:
+        if id(rule) not in matching:
+            continue
         alone = fire_counts(fxrewrite.RuleSet([rule]), samples)[rule.name]
         if alone == 0:
             continue  # nothing to lower
         together, starved = 0, []
+        ruleset = with_rule(library, rule)
         for sample in samples:
-            result = _rewritten(with_rule(library, rule), sample)
+            if ruleset is not library:
+                result = _rewritten(ruleset, sample)
+            elif sample.name in base:
+                result = base[sample.name]
+            else:
+                result = base[sample.name] = _rewritten(library, sample)
             together += result.report.applied.get(rule.name, 0)
             left = {n.name for n in result.module.graph.nodes}
             starved += [f"{sample.name}:{m.anchor.name}" for _, m in fxrewrite.find_matches(sample.program(), rule)

@@ -31,7 +31,7 @@ PINNED = {
     "gpt2": (2, 0, 2),
     "llama": (2, 5, 0),
     "bert": (2, 0, 0),
-    "t5": (0, 12, 0),
+    "t5": (6, 12, 0),
 }
 # One attention block per self-attention layer (2 layers each); a T5 decoder layer attends twice.
 BLOCKS = {"gpt2": 2, "llama": 2, "bert": 2, "t5": 2 + 2 * 2}
