@@ -45,30 +45,44 @@ __all__ = [
     "ALIASES",
     "COMMUTATIVE",
     "CONVERSION_METHODS",
+    "DIM_ARGUMENTS",
+    "DTYPE_ARGUMENTS",
     "FUNCTIONALS",
+    "IDENTITIES",
     "IGNORED_ARGUMENTS",
     "OPERATORS",
+    "ResultKind",
     "VALUE_ATTRIBUTES",
     "VALUE_METHODS",
     "VIEW_ATTRIBUTES",
-    "ResultKind",
     "alias_class",
     "aliased_inputs",
     "aten_overload",
     "aten_spelling",
     "attribute_at",
+    "by_meaning",
     "canonical_arguments",
     "canonical_name",
     "dtype_conversion",
+    "identity_refusal",
+    "identity_source",
+    "input_keys",
     "is_check",
     "is_commutative_call",
     "is_written",
     "known_floating",
     "lined_up_arguments",
+    "may_be_identity",
+    "meaning_input",
     "mutation",
+    "node_key",
+    "node_keys",
     "op_key_of",
+    "respelled",
     "result_kind",
     "same_literal",
+    "same_shape",
+    "through_identities",
     "written_arguments",
 ]
 
@@ -944,6 +958,10 @@ def lined_up_arguments(pn: Node, gn: Node, canonical: bool = True
     :func:`canonical_arguments`); without it (torch.fx's rule) only calls of an ATen
     ``OpOverload`` are, so ``aten.sum.dim_IntList(x, [1])`` and ``(x, [1], False)`` compare equal.
     """
+    if canonical and pn.op in ("call_function", "call_method"):
+        meaning = _meaning_name(pn, gn)
+        if meaning is not None:
+            return _lined_up_by_meaning(meaning, pn, gn)
     p_args, p_kwargs, g_args, g_kwargs = pn.args, pn.kwargs, gn.args, gn.kwargs
     same_layout = len(p_args) == len(g_args) and p_kwargs.keys() == g_kwargs.keys()
     if same_layout and (pn.target == gn.target or not canonical or pn.op in ("call_module", "get_attr")):
@@ -962,6 +980,38 @@ def lined_up_arguments(pn: Node, gn: Node, canonical: bool = True
         names = tuple(a.name for a in schema)
         return names, _by_schema(schema, pn.args, pn.kwargs), _by_schema(schema, gn.args, gn.kwargs)
     return None
+
+
+def _meaning_name(pn: Node, gn: Node) -> str | None:
+    """The op two calls are compared as by meaning (see :func:`by_meaning`), or ``None`` when
+    they compare as written or by schema only: the pattern's op when it has dims or a ``dtype=``
+    to read by meaning, or when either call is another op respelled."""
+    p_key = node_key(pn)
+    if p_key[0] != "aten":  # type: ignore[index]
+        return None
+    name = p_key[1]  # type: ignore[index]
+    if name in _BY_MEANING or node_key(gn) != op_key_of(gn.op, gn.target) or p_key != op_key_of(pn.op, pn.target):
+        return name if node_key(gn) == p_key else None
+    return None
+
+
+def _lined_up_by_meaning(name: str, pn: Node, gn: Node
+                         ) -> tuple[tuple[str, ...], tuple[Any, ...], tuple[Any, ...]] | None:
+    p_named = _named_arguments(pn)
+    g_named = _named_arguments(gn)
+    if p_named is None or g_named is None or p_named.keys() != g_named.keys():
+        return None
+    names = tuple(p_named)
+    g_values = tuple(g_named[k] for k in names)
+    p_values, g_meant = by_meaning(name, names, tuple(p_named.values()), g_values, meaning_input(name, g_values))
+    return names, p_values, g_meant
+
+
+def _named_arguments(node: Node) -> dict[str, Any] | None:
+    found = respelled(node) if op_key_of(node.op, node.target) in _RESPELLABLE_KEYS else None
+    if found is not None:
+        return found[1]
+    return canonical_arguments(node.op, node.target, node.args, node.kwargs)
 
 
 @functools.lru_cache(maxsize=64)
@@ -1092,3 +1142,447 @@ def attribute_at(root: Any, path: str) -> Any:
 
 def _attribute_value(node: Node) -> Any:
     return attribute_at(node.graph.owning_module, str(node.target))
+
+
+# -- matching by meaning: identities ---------------------------------------------------------
+#
+# A node whose value is its input's value (a cast to the dtype the value already has, inactive
+# dropout, an unwritten clone) is seen through by the matcher: the pattern's operation is looked
+# for behind it. Each identity below is stated once, with what proves it; without the proof
+# (metadata a graph does not carry, a literal that is not constant) there is no identity, and
+# :func:`identity_refusal` says what was missing (``explain`` prints it).
+
+#: Ops that may leave their input's value unchanged, and under which condition (the table the
+#: docs print; the checks are the ``_holds_*`` functions below).
+IDENTITIES: Mapping[str, str] = {
+    "to": "a conversion (.to, .type, .float(), _to_copy, convert_element_type) to the dtype, device and layout "
+          "the value already has (from metadata)",
+    "dropout": "dropout that is inactive: training=False or p=0 (F.dropout and its 1d/2d/3d/alpha forms, "
+               "aten.dropout, an nn.Dropout module in eval mode)",
+    "clone": "clone, contiguous, alias, detach or lift_fresh_copy of a value that nothing writes into",
+    "view": "view, reshape, expand or _unsafe_view to the shape the value already has (from metadata)",
+    "mul": "a multiplication or division by the literal 1 that keeps the value's dtype and shape (from metadata)",
+}
+
+_DROPOUTS = frozenset({"dropout", "alpha_dropout", "feature_alpha_dropout", "feature_dropout", "dropout1d",
+                       "dropout2d", "dropout3d"})
+_COPIES = frozenset({"clone", "contiguous", "alias", "detach", "lift_fresh_copy"})
+_SAME_SHAPE_VIEWS = frozenset({"view", "reshape", "expand", "_unsafe_view", "view_as", "reshape_as", "expand_as"})
+_SCALINGS = frozenset({"mul", "div"})
+_IDENTITY_NAMES = frozenset({"to", *_DROPOUTS, *_COPIES, *_SAME_SHAPE_VIEWS, *_SCALINGS})
+_DROPOUT_FUNCTIONS: frozenset[Any] = frozenset({
+    F.dropout, F.alpha_dropout, F.feature_alpha_dropout, F.dropout1d, F.dropout2d, F.dropout3d, torch.dropout,
+    torch.alpha_dropout, torch.feature_alpha_dropout, torch.feature_dropout,
+})
+
+
+def identity_source(node: Any) -> Node | None:
+    """The node whose value ``node`` computes unchanged, when that is proved; else ``None``.
+
+    >>> import torch.fx as fx
+    >>> gm = fx.symbolic_trace(lambda x: F.dropout(x, 0.1, training=False).relu())
+    >>> dropout = next(n for n in gm.graph.nodes if n.op == "call_function" and n.target is F.dropout)
+    >>> identity_source(dropout).name
+    'x'
+    """
+    source, _ = _identity(node)
+    return source
+
+
+def identity_refusal(node: Any) -> str | None:
+    """Why ``node``, an op that can be an identity, is not seen as one here (missing metadata, an
+    active dropout, a written clone); ``None`` when it is one or cannot be one."""
+    return _identity(node)[1]
+
+
+def through_identities(value: Any) -> Any:
+    """``value`` with the identities in front of it skipped (the value it computes unchanged)."""
+    while isinstance(value, Node):
+        source = identity_source(value)
+        if source is None:
+            return value
+        value = source
+    return value
+
+
+def may_be_identity(node: Node) -> bool:
+    """A cheap test (no metadata read): can ``node`` be an identity at all?"""
+    if node.op == "call_module":
+        return _dropout_module(node) is not None
+    if node.op not in ("call_function", "call_method"):
+        return False
+    if canonical_name(node.op, node.target) in _IDENTITY_NAMES:
+        return True
+    try:
+        return node.target in _DROPOUT_FUNCTIONS
+    except TypeError:  # an unhashable target
+        return False
+
+
+def _identity(node: Any) -> tuple[Node | None, str | None]:
+    if not isinstance(node, Node) or not may_be_identity(node):
+        return None, None
+    if node.op == "call_module":
+        return _holds_dropout_module(node)
+    name = canonical_name(node.op, node.target) or ""
+    source = node.args[0] if node.args else node.kwargs.get("input", node.kwargs.get("self"))
+    if name in _SCALINGS:
+        return _holds_scaling(node, name)
+    if not isinstance(source, Node):
+        return None, None
+    if name == "to":
+        why = _holds_conversion(node, source)
+    elif name in _COPIES:
+        why = _holds_copy(node, source)
+    elif name in _SAME_SHAPE_VIEWS:
+        why = _holds_same_shape(node, source)
+    else:
+        why = _holds_dropout(node)
+    return (source, None) if why is None else (None, why)
+
+
+def _holds_conversion(node: Node, source: Node) -> str | None:
+    from .meta import tensor_value
+
+    before, after = tensor_value(source), tensor_value(node)
+    if before is None or after is None:
+        return f"'{node.name}' converts '{source.name}'; whether it changes the dtype needs metadata the graph " \
+               f"does not carry (export the program, or pass example_inputs=)"
+    if before.dtype != after.dtype:
+        return f"'{node.name}' converts {before.dtype} to {after.dtype}"
+    if dtype_conversion(node.op, node.target, node.args, node.kwargs) is not None:
+        return None  # a dtype-only conversion to the dtype the value has
+    for attribute in ("device", "layout"):
+        if not hasattr(before, attribute) or getattr(before, attribute) != getattr(after, attribute, None):
+            return f"'{node.name}' may change the {attribute} of '{source.name}'"
+    return None
+
+
+def _holds_copy(node: Node, source: Node) -> str | None:
+    if is_written(node) or is_written(source):
+        return f"'{node.name}' copies '{source.name}', and one of them is written in place"
+    return None
+
+
+def _holds_same_shape(node: Node, source: Node) -> str | None:
+    from .meta import tensor_value
+
+    before, after = tensor_value(source), tensor_value(node)
+    if before is None or after is None:
+        return f"'{node.name}' reshapes '{source.name}'; whether the shape changes needs metadata the graph does " \
+               f"not carry"
+    if not same_shape(before.shape, after.shape):
+        return f"'{node.name}' changes the shape {tuple(before.shape)} to {tuple(after.shape)}"
+    return None
+
+
+def _holds_dropout(node: Node) -> str | None:
+    named = canonical_arguments(node.op, node.target, node.args, node.kwargs)
+    if named is None and node.op == "call_function" and node.target in _DROPOUT_FUNCTIONS:
+        named = _dropout_arguments(node)
+    if named is None or _inplace_flag(node):
+        return f"'{node.name}' is a dropout fxrewrite cannot read the arguments of"
+    p, train = named.get("p"), named.get("train", named.get("training"))
+    if train is False or (isinstance(p, (int, float)) and not isinstance(p, bool) and p == 0):
+        return None
+    return f"'{node.name}' is an active dropout (p={p!r}, training={train!r})"
+
+
+def _dropout_arguments(node: Node) -> dict[str, Any] | None:
+    try:
+        bound = inspect.signature(node.target).bind(*node.args, **node.kwargs)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def _dropout_module(node: Node) -> Any:
+    module = _submodule(node)
+    return module if isinstance(module, torch.nn.modules.dropout._DropoutNd) else None
+
+
+def _holds_dropout_module(node: Node) -> tuple[Node | None, str | None]:
+    module = _dropout_module(node)
+    source = node.args[0] if node.args else None
+    if module is None or not isinstance(source, Node) or module.inplace:
+        return None, None
+    if not module.training or module.p == 0:
+        return source, None
+    return None, f"'{node.name}' calls the dropout module '{node.target}' in training mode (p={module.p})"
+
+
+def _holds_scaling(node: Node, name: str) -> tuple[Node | None, str | None]:
+    """``x * 1``, ``1 * x``, ``x / 1``: the value itself when the dtype and shape stay (``1.0 * x``
+    promotes an integer ``x``; ``x * 1`` broadcasts nothing, but metadata says so for sure)."""
+    from .meta import tensor_value
+
+    args = node.args
+    if len(args) != 2 or node.kwargs:
+        return None, None
+    ones = [i for i, a in enumerate(args) if _is_one(a)]
+    if name == "div":
+        ones = [i for i in ones if i == 1]
+    source = args[1 - ones[0]] if len(ones) == 1 else None
+    if not isinstance(source, Node):
+        return None, None
+    before, after = tensor_value(source), tensor_value(node)
+    if before is None or after is None:
+        return None, f"'{node.name}' scales '{source.name}' by 1; whether that keeps its dtype needs metadata"
+    if before.dtype != after.dtype or not same_shape(before.shape, after.shape):
+        return None, f"'{node.name}' scales '{source.name}' by 1 and changes its dtype or shape"
+    return source, None
+
+
+def _is_one(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 1
+
+
+def same_shape(a: Any, b: Any) -> bool:
+    """Two shapes known to be equal (symbolic sizes compare by their expression, never by a
+    guess)."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if isinstance(x, int) and isinstance(y, int):
+            if x != y:
+                return False
+        elif str(x) != str(y):
+            return False
+    return True
+
+
+# -- matching by meaning: arguments and respelled calls --------------------------------------
+#
+# Two calls mean the same when their arguments do: a dimension counted from the end or from the
+# front of the known rank, the two dims of a transpose in either order, a reduction's ``dtype=``
+# equal to its input's dtype or left out. Some calls are another op spelled differently:
+# ``x[:, :, None]`` is ``unsqueeze(x, 2)``, ``x.mT`` and a permute swapping two dims are
+# ``transpose``, ``1 / x`` is ``reciprocal(x)``. Only exact identities are here.
+
+#: Per op, the arguments that name dimensions of its first tensor input (or of each of the
+#: tensors it joins). ``unsqueeze`` and ``stack`` count them against one more dimension.
+DIM_ARGUMENTS: Mapping[str, tuple[str, ...]] = {
+    **{name: ("dim",) for name in (
+        "softmax", "log_softmax", "_softmax", "_log_softmax", "sum", "mean", "amax", "amin", "argmax", "argmin",
+        "prod", "cumsum", "cumprod", "logsumexp", "std", "var", "any", "all", "nansum", "nanmean", "squeeze",
+        "unsqueeze", "cat", "concat", "concatenate", "stack", "select", "narrow", "slice", "index_select", "gather",
+        "split", "split_with_sizes", "chunk", "unbind", "unflatten", "glu", "cummax", "cummin", "logcumsumexp",
+        "max", "min", "median", "nanmedian", "mode", "kthvalue", "topk", "sort", "argsort", "diff", "norm",
+        "var_mean", "std_mean", "count_nonzero", "size")},
+    "transpose": ("dim0", "dim1"), "swapaxes": ("axis0", "axis1"), "swapdims": ("dim0", "dim1"),
+    "permute": ("dims",), "flip": ("dims",), "roll": ("dims",), "flatten": ("start_dim", "end_dim"),
+    "movedim": ("source", "destination"), "diagonal": ("dim1", "dim2"),
+}
+_ONE_MORE_DIM = frozenset({"unsqueeze", "stack"})
+_JOINS = frozenset({"cat", "concat", "concatenate", "stack"})
+_UNORDERED_PAIRS: Mapping[str, tuple[str, str]] = {"transpose": ("dim0", "dim1"), "swapaxes": ("axis0", "axis1"),
+                                                   "swapdims": ("dim0", "dim1")}
+#: Ops whose ``dtype=`` argument, equal to their input's dtype, is the same as no argument.
+DTYPE_ARGUMENTS = frozenset({"softmax", "log_softmax", "sum", "mean", "prod", "cumsum", "cumprod", "nansum",
+                             "nanmean", "logcumsumexp", "norm"})
+_BY_MEANING = frozenset({*DIM_ARGUMENTS, *DTYPE_ARGUMENTS})
+#: Op keys under which a node may be another op spelled differently (see :func:`respelled`).
+_RESPELLABLE_KEYS: frozenset[Hashable] = frozenset({
+    ("aten", "permute"), ("aten", "mT"), ("aten", "div"), ("call_function", operator.getitem),
+    ("call_function", getattr),
+})
+
+
+def node_key(node: Node) -> Hashable:
+    """The op key of what ``node`` computes: :func:`op_key_of` of its target, or of the op it is
+    another spelling of (:func:`respelled`).
+
+    >>> import torch.fx as fx
+    >>> gm = fx.symbolic_trace(lambda x: (x[:, None], x.mT, 1 / x))
+    >>> [node_key(n) for n in gm.graph.nodes if n.op == "call_function"]
+    [('aten', 'unsqueeze'), ('aten', 'transpose'), ('aten', 'reciprocal')]
+    """
+    key = op_key_of(node.op, node.target)
+    if key in _RESPELLABLE_KEYS:
+        found = respelled(node)
+        if found is not None:
+            return ("aten", found[0])
+    return key
+
+
+def node_keys(node: Node, canonical: bool = True) -> tuple[Hashable, ...]:
+    """Every key a rule anchored at ``node`` may be filed under: :func:`node_key` first, then the
+    key of the target as written when the node is another op respelled (a ``permute`` swapping
+    two dims is a transpose, and still a permute to a rule about permutes). Without
+    ``canonical``: the target as written only (torch.fx's notion of "same op")."""
+    key = op_key_of(node.op, node.target, canonical)
+    if canonical and key in _RESPELLABLE_KEYS:
+        found = respelled(node)
+        if found is not None:
+            return (("aten", found[0]), key)
+    return (key,)
+
+
+_INPUT_KEY_DEPTH = 4  # identities looked through when collecting the keys feeding a node
+
+
+def input_keys(node: Node) -> frozenset[Hashable]:
+    """The keys of what feeds ``node``, identities looked through (without proving them: a
+    superset is all the driver's cheap pre-check needs), for :attr:`Pattern.anchor_input_keys`."""
+    keys: set[Hashable] = set()
+    for a in node.all_input_nodes:
+        for _ in range(_INPUT_KEY_DEPTH):
+            keys.update(node_keys(a))
+            if not may_be_identity(a) or not a.args or not isinstance(a.args[0], Node):
+                break
+            a = a.args[0]
+    return frozenset(keys)
+
+
+def respelled(node: Node) -> tuple[str, dict[str, Any]] | None:
+    """``(op, arguments)`` when ``node`` computes an ATen op under another spelling: an index
+    that only inserts one dimension (``x[:, :, None]``, ``x[..., None]``) is ``unsqueeze``;
+    ``x.mT`` and a ``permute`` that swaps two dims are ``transpose``; ``1 / x`` is ``reciprocal``.
+
+    >>> x = torch.fx.Graph().placeholder("x")
+    >>> respelled(torch.fx.Graph().call_function(operator.getitem, (x, (slice(None), None))))
+    ('unsqueeze', {'self': x, 'dim': 1})
+    """
+    if node.op == "call_function" and node.target is operator.getitem:
+        return _index_as_unsqueeze(node)
+    if node.op == "call_function" and node.target is getattr:
+        source, attribute = node.args[0], node.args[1]
+        if not isinstance(source, Node):
+            return None
+        if attribute == "mT":
+            return _matrix_transpose(source)
+        return ("size", {"self": source}) if attribute == "shape" else None
+    name = canonical_name(node.op, node.target)
+    if name == "mT" and node.args and isinstance(node.args[0], Node):
+        return _matrix_transpose(node.args[0])
+    if name == "div":
+        return _one_over(node)
+    if name == "permute":
+        return _permute_as_transpose(node)
+    return None
+
+
+def _matrix_transpose(source: Node) -> tuple[str, dict[str, Any]] | None:
+    """``x.mT`` is ``x.transpose(-2, -1)`` on 2 or more dimensions. Not where the metadata knows
+    fewer: on a 1-d tensor both raise, but on a 0-d tensor ``x.mT`` is ``x`` (deprecated, with a
+    warning) where the transpose raises. Without metadata the rank is taken to be 2 or more, as
+    ``k.mT`` in the code people write (``q @ k.mT``) needs."""
+    from .meta import tensor_value
+
+    known = tensor_value(source)
+    if known is not None and len(known.shape) < 2:
+        return None
+    return "transpose", {"self": source, "dim0": -2, "dim1": -1}
+
+
+def _index_as_unsqueeze(node: Node) -> tuple[str, dict[str, Any]] | None:
+    source, index = node.args[0], node.args[1]
+    if not isinstance(source, Node) or node.kwargs:
+        return None
+    if (isinstance(index, int) and not isinstance(index, bool) and source.op == "call_function"
+            and source.target is getattr and source.args[1:] == ("shape",) and isinstance(source.args[0], Node)):
+        return "size", {"self": source.args[0], "dim": index}  # x.shape[d] is x.size(d)
+    entries = index if isinstance(index, tuple) else (index,)
+    if sum(e is None for e in entries) != 1 or not all(e is None or e is Ellipsis or _full_slice(e) for e in entries):
+        return None
+    if not isinstance(index, tuple) and index is not None:
+        return None
+    at = entries.index(None)
+    if Ellipsis in entries:
+        if entries.count(Ellipsis) != 1 or entries.index(Ellipsis) > at:
+            return None
+        dim = at - len(entries)  # counted from the end: x[..., None, :] inserts at -2
+    else:
+        dim = at
+    return "unsqueeze", {"self": source, "dim": dim}
+
+
+def _full_slice(entry: Any) -> bool:
+    return isinstance(entry, slice) and entry.start is None and entry.stop is None and entry.step is None
+
+
+def _one_over(node: Node) -> tuple[str, dict[str, Any]] | None:
+    if len(node.args) != 2 or node.kwargs or not _is_one(node.args[0]) or not isinstance(node.args[1], Node):
+        return None
+    if result_kind(node.args[1]) == "value":
+        return None  # 1 / n of a Python number is Python arithmetic
+    return "reciprocal", {"self": node.args[1]}
+
+
+def _permute_as_transpose(node: Node) -> tuple[str, dict[str, Any]] | None:
+    named = canonical_arguments(node.op, node.target, node.args, node.kwargs)
+    if named is None or not isinstance(named.get("self"), Node):
+        return None
+    dims = named["dims"]
+    if not isinstance(dims, (list, tuple)) or not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
+        return None
+    rank = len(dims)
+    positive = [d % rank if -rank <= d < rank else None for d in dims]
+    if None in positive or sorted(positive) != list(range(rank)):  # type: ignore[type-var]
+        return None
+    moved = [i for i, d in enumerate(positive) if d != i]
+    if len(moved) != 2:
+        return None
+    return "transpose", {"self": named["self"], "dim0": moved[0] - rank, "dim1": moved[1] - rank}
+
+
+def by_meaning(name: str, names: tuple[str, ...], p_values: tuple[Any, ...], g_values: tuple[Any, ...],
+               graph_input: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The lined-up argument values of a pattern call and a graph call of op ``name``, with the
+    constants the pattern writes put in the form their meaning has on the graph's input
+    (``graph_input``, the value the op reads): dims counted from the end of its rank, the two
+    dims of a transpose in order, a ``dtype=`` equal to its dtype dropped. A pattern's captures
+    (nodes) and the graph values facing them stay as written, so a capture binds what the graph
+    says.
+
+    >>> x = torch.fx.Graph().placeholder("x")
+    >>> by_meaning("transpose", ("self", "dim0", "dim1"), (x, -1, -2), (x, 2, 3), None)
+    ((x, -2, -1), (x, 2, 3))
+    """
+    if name not in _BY_MEANING:
+        return p_values, g_values
+    from .meta import tensor_value
+
+    known = tensor_value(graph_input)
+    rank = None if known is None else len(known.shape) + (name in _ONE_MORE_DIM)
+    dtype = None if known is None else known.dtype
+    p_out, g_out = list(p_values), list(g_values)
+    dims = DIM_ARGUMENTS.get(name, ())
+    for i, arg in enumerate(names):
+        if any(isinstance(leaf, Node) for leaf in tree_leaves(p_out[i])):
+            continue  # a capture binds the value as the graph writes it
+        if arg in dims:
+            p_out[i], g_out[i] = _dims_from_end(p_out[i], rank), _dims_from_end(g_out[i], rank)
+        elif arg == "dtype" and name in DTYPE_ARGUMENTS and dtype is not None:
+            p_out[i], g_out[i] = (None if v == dtype else v for v in (p_out[i], g_out[i]))
+    pair = _UNORDERED_PAIRS.get(name)
+    if pair is not None and pair[0] in names and pair[1] in names:
+        first, second = names.index(pair[0]), names.index(pair[1])
+        if isinstance(p_out[first], Node) or isinstance(p_out[second], Node):
+            return tuple(p_out), tuple(g_out)  # captures bind the dims as the graph writes them
+        for values in (p_out, g_out):
+            a, b = values[first], values[second]
+            if isinstance(a, int) and isinstance(b, int) and a > b:
+                values[first], values[second] = b, a
+    return tuple(p_out), tuple(g_out)
+
+
+def _dims_from_end(value: Any, rank: int | None) -> Any:
+    """A dim (or list of dims) counted from the end of ``rank`` dimensions (unknown rank: as given)."""
+    if isinstance(value, bool) or rank is None:
+        return value
+    if isinstance(value, int):
+        return value - rank if 0 <= value < rank else value
+    if isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return type(value)(v - rank if 0 <= v < rank else v for v in value)
+    return value
+
+
+def meaning_input(name: str, named_or_values: Any) -> Any:
+    """The value whose rank and dtype an op's dims and ``dtype=`` refer to: its first tensor
+    argument, or the first of the tensors it joins."""
+    first = named_or_values[0] if named_or_values else None
+    if name in _JOINS and isinstance(first, (list, tuple)):
+        return first[0] if first else None
+    return first

@@ -26,13 +26,13 @@ import torch.fx as fx
 from torch.fx.node import Node
 
 from ._torch import is_erased, node_position
-from .canon import op_key_of
+from .canon import node_keys
 
 __all__ = ["OpIndex"]
 
 
 class OpIndex:
-    """Nodes of ``graph`` by :func:`~fxrewrite.canon.op_key_of` key (``canonical=False``: the
+    """Nodes of ``graph`` by :func:`~fxrewrite.canon.node_keys` key (``canonical=False``: the
     target as written, torch.fx's notion of "same op").
 
     A bucket is returned as a list in graph order; the list is never modified afterwards (a
@@ -48,18 +48,21 @@ class OpIndex:
         self._generation = 0  # bumped by every change the index is told about
         self._clean: dict[Hashable, int] = {}  # key -> generation at which its bucket was last filtered
         for node in graph.nodes:
-            self._buckets.setdefault(self.key(node), []).append(node)
+            for key in self.keys(node):
+                self._buckets.setdefault(key, []).append(node)
 
-    def key(self, node: Node) -> Hashable:
-        """The key ``node`` is filed under."""
-        return op_key_of(node.op, node.target, self.canonical)
+    def keys(self, node: Node) -> tuple[Hashable, ...]:
+        """The keys ``node`` is filed under (:func:`~fxrewrite.canon.node_keys`: one, or two for a
+        call that is another op respelled)."""
+        return node_keys(node, self.canonical)
 
     def add(self, nodes: Iterable[Node]) -> None:
         """File nodes just created in the graph (erased ones are skipped), and note that the
         graph changed: nodes erased since are dropped from their buckets when next read."""
         for node in nodes:
             if not is_erased(node):
-                self._added.setdefault(self.key(node), []).append(node)
+                for key in self.keys(node):
+                    self._added.setdefault(key, []).append(node)
         self._generation += 1
 
     def nodes(self, key: Hashable) -> list[Node]:

@@ -36,13 +36,17 @@ from torch.fx.node import Node
 from . import _torch
 from .canon import (
     attribute_at,
+    identity_source,
     is_check,
     is_commutative_call,
     known_floating,
     lined_up_arguments,
+    node_key,
+    node_keys,
     op_key_of,
     result_kind,
     same_literal,
+    through_identities,
 )
 from .errors import MetadataError
 from .meta import value_of
@@ -230,6 +234,9 @@ class _Search:
         self.record = record
         self.failure: Rejection | None = None
         self.folded_nodes: list[Node] = []
+        #: Graph nodes the pattern looked through (identities: a no-op cast, inactive dropout, ...),
+        #: each with the pattern node found behind it; they are part of the match.
+        self.skipped: list[tuple[Node, Node]] = []
 
     # -- bookkeeping -------------------------------------------------------------------------
     def fail(self, pn: Any, gv: Any, reason: Callable[[], str]) -> None:
@@ -275,11 +282,40 @@ class _Search:
         return False
 
     def agrees_with_binding(self, pn: Node, bound: Any, gv: Any) -> bool:
-        """A pattern node met again: the graph value must be the one it already bound."""
+        """A pattern node met again: the graph value must be the one it already bound (or that
+        value behind identities: ``x.float()`` of a float ``x`` is ``x``)."""
         if bound is gv or (not isinstance(gv, Node) and not isinstance(bound, Node) and same_literal(bound, gv)):
+            return True
+        if (self.options.canonical and isinstance(gv, Node) and isinstance(bound, Node)
+                and through_identities(gv) is through_identities(bound)):
             return True
         self.fail(pn, gv, lambda: f"'{pn.name}' is already bound to {_show(bound)}, here it would be {_show(gv)}")
         return False
+
+    def identities_between(self, pn: Node, gv: Any) -> list[Node] | None:
+        """The identity nodes from the graph value ``gv`` back to the value the operation ``pn``
+        already bound: they are part of the match (erased with it). ``None`` when ``gv`` is
+        not that value behind identities; ``[]`` when it is the value itself."""
+        bound = self.p2g[pn]
+        chain: list[Node] = []
+        while gv is not bound:
+            source = identity_source(gv) if self.options.canonical and isinstance(gv, Node) else None
+            if source is None:
+                return None
+            chain.append(gv)
+            gv = source
+        return chain
+
+    def looked_through(self, pn: Node, gv: Any) -> Node | None:
+        """The value behind ``gv`` when ``gv`` is an identity (a conversion to the dtype it has,
+        inactive dropout, ...) that the pattern operation ``pn`` is to be looked for behind:
+        ``gv`` computes another op than ``pn``."""
+        if not self.options.canonical or not isinstance(gv, Node) or pn.op == "get_attr" or pn in self.pattern.outputs:
+            return None  # an output is where the match ends: what lies behind it is not the match's result
+        source = identity_source(gv)
+        if source is None:
+            return None
+        return source
 
     def variable_value(self, pn: Node, param: Param, gv: Any) -> Any:
         """What the variable ``param`` binds for the graph value ``gv`` (a dtype capture binds the
@@ -317,7 +353,7 @@ class _Search:
         """Does the pattern's size or dtype expression ``pn`` stand where the graph holds something
         else than the same operation (a folded constant)?"""
         return pn in self.pattern.value_nodes and self.options.canonical and (
-            not isinstance(gv, Node) or op_key_of(gv.op, gv.target) != op_key_of(pn.op, pn.target))
+            not isinstance(gv, Node) or not self.same_op(pn, gv))
 
     def operation_arguments(self, pn: Node, gv: Any) -> LinedUp | None:
         """The arguments of the pattern operation ``pn`` and the graph node ``gv`` lined up, when
@@ -326,7 +362,7 @@ class _Search:
             self.fail(pn, gv, lambda: f"expected an operation ({pn.format_node()}), found the constant {gv!r}")
             return None
         canonical = self.options.canonical
-        if op_key_of(gv.op, gv.target, canonical) != op_key_of(pn.op, pn.target, canonical):
+        if not self.same_op(pn, gv):
             self.fail(pn, gv, lambda: f"op differs: pattern has {_op_name(pn)}, graph has {_op_name(gv)}")
             return None
         if self.options.injective and gv in self.used:
@@ -348,7 +384,7 @@ class _Search:
             yield from self.node(pv, gv)
         elif isinstance(pv, (list, tuple)):
             if self.same_length(pv, gv, name):
-                yield from self.sequence(pv, gv, 0)
+                yield from self.sequence(pv, gv, 0, (name,) * len(pv) if name else None)
         elif self.literal_agrees(pv, gv, name):
             yield
 
@@ -362,7 +398,10 @@ class _Search:
     def node(self, pn: Node, gv: Any) -> Iterator[None]:
         bound = self.p2g.get(pn, _MISSING)
         if bound is not _MISSING:
-            if self.agrees_with_binding(pn, bound, gv):
+            if pn not in self.pattern.param_of and bound is not gv and isinstance(gv, Node) and isinstance(bound, Node):
+                # an operation met again, maybe behind identities
+                yield from self.operation_again(pn, gv)
+            elif self.agrees_with_binding(pn, bound, gv):
                 yield
             return
         param = self.pattern.param_of.get(pn)
@@ -370,6 +409,16 @@ class _Search:
             yield from self.variable(pn, param, gv)
         else:
             yield from self.operation(pn, gv)
+
+    def operation_again(self, pn: Node, gv: Any) -> Iterator[None]:
+        chain = self.identities_between(pn, gv)
+        if chain is None:
+            self.fail(pn, gv, lambda: f"'{pn.name}' is already bound to {_show(self.p2g[pn])}, here it would be "
+                                      f"{_show(gv)}")
+            return
+        self.skipped.extend((n, pn) for n in chain)
+        yield
+        del self.skipped[len(self.skipped) - len(chain):]
 
     def variable(self, pn: Node, param: Param, gv: Any) -> Iterator[None]:
         value = self.variable_value(pn, param, gv)
@@ -383,15 +432,26 @@ class _Search:
         if self.folds(pn, gv):
             yield from self.folded(pn, gv)
             return
-        values = self.operation_arguments(pn, gv)
-        if values is None:
-            return
-        self.bind(pn, gv)
-        if pn.op == "call_module":
-            yield from self.module(pn, gv, values)
-        else:
-            yield from self.arguments(pn, gv, values)
-        self.unbind(pn)
+        behind = self.looked_through(pn, gv)
+        if behind is None or self.same_op(pn, gv):
+            values = self.operation_arguments(pn, gv)
+            if values is not None:
+                self.bind(pn, gv)
+                if pn.op == "call_module":
+                    yield from self.module(pn, gv, values)
+                else:
+                    yield from self.arguments(pn, gv, values)
+                self.unbind(pn)
+        if behind is not None:  # also look for the operation behind the identity
+            self.skipped.append((gv, pn))
+            yield from self.node(pn, behind)
+            self.skipped.pop()
+
+    def same_op(self, pn: Node, gv: Node) -> bool:
+        """Does the graph node ``gv`` compute the pattern operation ``pn`` (by op key)?"""
+        if self.options.canonical:
+            return node_key(pn) in node_keys(gv)
+        return op_key_of(gv.op, gv.target, False) == op_key_of(pn.op, pn.target, False)
 
     # -- the straight walk (patterns without alternatives) -------------------------------------
     def straight_node(self, pn: Node, gv: Any) -> bool:
@@ -401,7 +461,13 @@ class _Search:
         step."""
         bound = self.p2g.get(pn, _MISSING)
         if bound is not _MISSING:
-            return self.agrees_with_binding(pn, bound, gv)
+            if pn in self.pattern.param_of or bound is gv or not isinstance(gv, Node) or not isinstance(bound, Node):
+                return self.agrees_with_binding(pn, bound, gv)
+            chain = self.identities_between(pn, gv)
+            if chain is None:
+                return self.agrees_with_binding(pn, bound, gv)  # records why
+            self.skipped.extend((n, pn) for n in chain)
+            return True
         param = self.pattern.param_of.get(pn)
         if param is not None:
             value = self.variable_value(pn, param, gv)
@@ -409,6 +475,12 @@ class _Search:
                 return False
             self.bind(pn, value)
             return True
+        behind = self.looked_through(pn, gv)
+        if behind is not None:
+            if self.same_op(pn, gv):
+                raise _Undecided  # the op itself, or the op behind it: let the search try both
+            self.skipped.append((gv, pn))
+            return self.straight_node(pn, behind)
         values = self.operation_arguments(pn, gv)
         if values is None:
             return False
@@ -444,7 +516,7 @@ class _Search:
             if not self.same_length(pv, gv, name):
                 return False
             for p, g in zip(pv, gv):  # noqa: SIM110 - as above
-                if not self.straight_value(p, g, None):
+                if not self.straight_value(p, g, name):
                     return False
             return True
         return self.literal_agrees(pv, gv, name)
@@ -504,7 +576,7 @@ class _Search:
             yield
             return
         pn, via = step
-        key = op_key_of(pn.op, pn.target, self.options.canonical)
+        key = node_key(pn) if self.options.canonical else op_key_of(pn.op, pn.target, False)
         if via is not None:
             pool = sorted(via.users, key=node_position)
         elif self.candidates is not None:
@@ -512,7 +584,7 @@ class _Search:
         else:
             pool = []
         for gn in pool:
-            if op_key_of(gn.op, gn.target, self.options.canonical) == key:
+            if self.same_op(pn, gn):
                 for _ in self.node(pn, gn):
                     yield from self.remaining_outputs()
 
@@ -552,7 +624,7 @@ def match_at(pattern: Pattern, anchor: Node, owner: torch.nn.Module | None, *,
             search = _Search(pattern, modules, options, candidates, record=False)
         else:
             if walked:
-                match, _ = _sound_match(pattern, search.p2g, anchor, modules)
+                match, _ = _sound_match(pattern, search.p2g, anchor, modules, search.skipped)
                 if match is not None:
                     yield match
             return
@@ -562,7 +634,7 @@ def match_at(pattern: Pattern, anchor: Node, owner: torch.nn.Module | None, *,
             for reason in _folded_checks(search):
                 match = None
                 if reason is None:
-                    match, reason = _sound_match(pattern, search.p2g, anchor, modules)
+                    match, reason = _sound_match(pattern, search.p2g, anchor, modules, search.skipped)
                 if match is not None:
                     yield match
                 elif on_reject is not None and reason is not None:
@@ -580,12 +652,15 @@ def _once() -> Iterator[None]:
 
 
 def _sound_match(pattern: Pattern, p2g: Mapping[Node, Any], anchor: Node,
-                 modules: Mapping[str, torch.nn.Module]) -> tuple[Match | None, Rejection | None]:
+                 modules: Mapping[str, torch.nn.Module],
+                 skipped: Iterable[tuple[Node, Node]] = ()) -> tuple[Match | None, Rejection | None]:
     inner: dict[Node, Node] = {}
     for pn in pattern.inner_nodes:
         gv = p2g.get(pn)
         if isinstance(gv, Node) and (pn not in pattern.value_nodes or pn in pattern.outputs):
             inner[gv] = pn
+    for gv, pn in skipped:  # identities the pattern looked through: computed by the match too
+        inner.setdefault(gv, pn)
     outputs = tuple(p2g[o] for o in pattern.outputs)
     output_set = set(outputs)
     checks: dict[Node, None] = {}

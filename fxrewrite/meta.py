@@ -25,7 +25,7 @@ from torch.fx.node import Node, map_arg
 from ._torch import FakeTensor, FakeTensorMode, detect_fake_mode, reparametrized
 from .errors import RewriteError
 
-__all__ = ["has_values", "propagate_inputs", "propagate_values", "record_values", "value_of"]
+__all__ = ["has_values", "propagate_inputs", "propagate_values", "record_values", "tensor_value", "value_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +40,24 @@ def value_of(node: Node) -> Any:
     ``meta["example_value"]`` where Dynamo keeps it (the graphs ``torch.compile`` captures)."""
     meta = node.meta
     return meta["val"] if "val" in meta else meta.get("example_value")
+
+
+def tensor_value(node: Any) -> Any:
+    """What a node's tensor is known to be (an object with ``shape``, ``dtype``, ``device`` and
+    ``layout``): its fake value (:func:`value_of`), or ``ShapeProp``'s ``tensor_meta``; ``None``
+    when the graph does not say (a traced graph without example inputs) or the node is no tensor.
+
+    >>> gm = fx.symbolic_trace(lambda x: x.relu())
+    >>> tensor_value(next(iter(gm.graph.nodes))) is None
+    True
+    """
+    if not isinstance(node, Node):
+        return None
+    value = value_of(node)
+    if isinstance(value, torch.Tensor):
+        return value
+    meta = node.meta.get("tensor_meta")
+    return meta if meta is not None and hasattr(meta, "shape") and hasattr(meta, "dtype") else None
 
 
 def _is_fake(value: Any) -> bool:

@@ -27,7 +27,7 @@ import torch
 import torch.fx as fx
 from torch.fx.node import Node
 
-from .canon import is_commutative_call, mutation, op_key_of, result_kind
+from .canon import is_commutative_call, mutation, node_key, result_kind
 from .errors import RuleDefinitionError
 
 __all__ = ["LITERAL_TYPES", "Accept", "Param", "Pattern", "pattern_from_graph", "trace_pattern"]
@@ -234,12 +234,12 @@ def pattern_from_graph(graph: fx.Graph, params: tuple[Param, ...] | None = None,
         placeholders=placeholders,
         outputs=outputs,
         anchor=anchor,
-        anchor_key=op_key_of(anchor.op, anchor.target),
+        anchor_key=node_key(anchor),
         param_of=param_of,
         commutative=commutative,
         depth=_depth(graph),
         inner_nodes=inner_nodes,
-        anchor_input_keys=frozenset(op_key_of(a.op, a.target) for a in anchor.all_input_nodes
+        anchor_input_keys=frozenset(node_key(a) for a in anchor.all_input_nodes
                                     if a.op in _INNER_OPS and a not in value_nodes),  # values may be folded
         value_nodes=value_nodes,
         choice_free=(len(outputs) == 1 and not value_nodes and all(n.op != "call_module" for n in inner_nodes)

@@ -40,7 +40,7 @@ from torch.fx.node import Node
 
 from ._gc import collections_paused
 from ._torch import is_erased, tree_flatten, tree_leaves, tree_unflatten
-from .canon import alias_class, is_written, mutation, op_key_of, same_literal
+from .canon import alias_class, input_keys, is_written, mutation, node_keys, same_literal
 from .errors import ArgumentError, DidNotConverge, FxRewriteError, Refuse, RewriteError
 from .index import OpIndex
 from .match import Match, match_at, node_position
@@ -318,9 +318,10 @@ def _same_bindings(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 
 
 def _input_keys(node: Node) -> frozenset[Hashable]:
-    """The op keys of the nodes feeding ``node`` (for the cheap pre-check before matching: a
-    pattern whose anchor reads an op ``node`` does not read cannot match there)."""
-    return frozenset(op_key_of(a.op, a.target) for a in node.all_input_nodes)
+    """The op keys of the nodes feeding ``node``, identities looked through (for the cheap
+    pre-check before matching: a pattern whose anchor reads an op ``node`` does not read cannot
+    match there)."""
+    return input_keys(node)
 
 
 class _Driver:
@@ -397,7 +398,7 @@ class _Driver:
 
     def _visit(self, node: Node, level: int) -> None:
         input_keys = None
-        for rule in self.by_level[level].get(op_key_of(node.op, node.target), ()):
+        for rule in self._rules_at(node, level):
             if node in self.settled.get(rule.name, ()):
                 continue  # the rule produced this node from its own pattern: trying again would loop
             tally = self.tallies[rule.name]
@@ -422,6 +423,14 @@ class _Driver:
                 tally.rejected += 1
                 if len(tally.reasons) < MAX_REASONS:
                     tally.reasons.append(f"at '{node.name}': {refusal}")
+
+    def _rules_at(self, node: Node, level: int) -> Iterable[Rule]:
+        """The rules of ``level`` anchored at what ``node`` computes (under each of its keys)."""
+        rules = self.by_level[level]
+        keys = node_keys(node)
+        if len(keys) == 1:
+            return rules.get(keys[0], ())
+        return [r for key in keys for r in rules.get(key, ())]
 
     def _written_in_place(self, match: Match) -> bool:
         """True when an input or output of the match, or a view of one, is written in place:
@@ -491,7 +500,7 @@ class _Driver:
         pattern matches it again with the same bindings: ``F.relu(x, inplace=False) =>
         torch.relu(x)``, ``x + y => y + x``): the rule is not tried there again, so such a rule
         fires once per place instead of looping until the budget runs out."""
-        if op_key_of(new_anchor.op, new_anchor.target) != rule.anchor_key:
+        if rule.anchor_key not in node_keys(new_anchor):
             return False
         return any(_same_bindings(again.bindings, match.bindings)
                    for again in match_at(rule.compiled, new_anchor, self.gm, modules=self.modules,
@@ -518,9 +527,9 @@ class _Driver:
             frontier = next_frontier
 
     def _push(self, node: Node) -> None:
-        key = op_key_of(node.op, node.target)
+        keys = node_keys(node)
         for p in self.levels:
-            if key in self.by_level[p] and node not in self.queued[p]:
+            if node not in self.queued[p] and any(key in self.by_level[p] for key in keys):
                 self.queued[p].add(node)
                 heapq.heappush(self.queues[p], (node_position(node), next(self.seq), node))
 

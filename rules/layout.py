@@ -1,5 +1,6 @@
-"""Layout rules that need Python: composing two permutes into one, computed at rewrite time,
-and ``x.mT`` (whose 0-d case needs a guard).
+"""Layout rules that need Python: composing two permutes into one, computed at rewrite time.
+(``x.mT`` is ``x.transpose(-2, -1)`` to the matcher wherever the rank is known to be 2 or more:
+no rule re-spells it.)
 
 A permute pattern of rank n has n literal captures per permute; the matcher lines up the
 spellings ``x.permute(0, 2, 1)``, ``x.permute([0, 2, 1])`` and ``torch.permute(x, (0, 2, 1))``,
@@ -11,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import fxrewrite
-from _fxrewrite_stdlib import rank_at_least
 
 
 def _valid(dims: Sequence[int]) -> bool:
@@ -84,15 +84,3 @@ def permute_permute_5d(x, p0: int, p1: int, p2: int, p3: int, p4: int,
 def permute_permute_5d(x, p0: int, p1: int, p2: int, p3: int, p4: int,  # noqa: F811
                        q0: int, q1: int, q2: int, q3: int, q4: int):
     return _composed(x, (p0, p1, p2, p3, p4), (q0, q1, q2, q3, q4))
-
-
-# x.mT is x itself on a 0-d tensor, where transpose(-2, -1) raises: ranks >= 2 only.
-@fxrewrite.rule(where=rank_at_least(2, "x"), priority=20, domain={"ranks": (2, 4)})
-def mT_to_transpose(x):
-    "Replaces x.mT by x.transpose(-2, -1)."
-    return x.mT
-
-
-@mT_to_transpose.replacement
-def mT_to_transpose(x):  # noqa: F811
-    return x.transpose(-2, -1)

@@ -14,7 +14,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fxrewrite import Rule, find_matches, rewrite
-from fxrewrite.canon import COMMUTATIVE, canonical_arguments, canonical_name, op_key_of
+from fxrewrite.canon import (
+    COMMUTATIVE,
+    by_meaning,
+    canonical_arguments,
+    canonical_name,
+    identity_refusal,
+    identity_source,
+    node_keys,
+    op_key_of,
+    respelled,
+)
 
 X = torch.randn(3, 4)
 Y = torch.randn(3, 4)
@@ -318,3 +328,222 @@ def test_torch_level_calls_are_spelled_as_torch_export_records_them(op, target, 
     kind, overload, new_args, _ = aten_spelling(op, target, (x, *args), {})
     assert (kind, overload) == ("call_function", expected[0])
     assert new_args[0] is x and (expected[1] is None or new_args[1] == expected[1])
+
+
+# ---- matching by meaning: identities ------------------------------------------------------------
+# Each identity is seen through where its condition holds, and only there: the second test of
+# each pair fails if the condition is dropped.
+
+EXP_TANH = Rule.from_functions(lambda x: torch.exp(torch.tanh(x)), lambda x: torch.tanh(x).exp(), name="exp_tanh")
+
+
+def fires(program, rule, *inputs, shapes=True) -> int:
+    """How often ``rule`` fires on ``program``; checks lint and numbers on ``inputs``."""
+    result = rewrite(program, rule, example_inputs=inputs if shapes else None)
+    torch.manual_seed(0)
+    assert_rewrite_sound(program, result, *inputs)
+    return result.report.applied[rule.name]
+
+
+def test_a_cast_to_the_dtype_the_value_has_is_seen_through():
+    assert fires(lambda a: torch.exp(torch.tanh(a).to(torch.float32)), EXP_TANH, X) == 1
+    assert fires(lambda a: torch.exp(torch.tanh(a).float().type(torch.float32)), EXP_TANH, X) == 1
+
+
+def test_a_cast_that_changes_the_dtype_is_not_seen_through():
+    assert fires(lambda a: torch.exp(torch.tanh(a).to(torch.float64)), EXP_TANH, X) == 0
+
+
+def test_a_cast_is_not_seen_through_without_metadata():
+    assert fires(lambda a: torch.exp(torch.tanh(a).to(torch.float32)), EXP_TANH, X, shapes=False) == 0
+    gm = fx.symbolic_trace(lambda a: torch.tanh(a).to(torch.float32))
+    to = next(n for n in gm.graph.nodes if n.target == "to")
+    assert identity_source(to) is None
+    assert "needs metadata" in identity_refusal(to)
+
+
+def test_a_cast_in_an_exported_graph_is_seen_through():
+    class M(torch.nn.Module):
+        def forward(self, a):
+            return torch.exp(torch.tanh(a).to(torch.float32))
+
+    program = torch.export.export(M(), (X,))
+    result = rewrite(program, EXP_TANH)
+    assert result.report.applied["exp_tanh"] == 1
+    torch.testing.assert_close(result.module(X), M()(X))
+
+
+@pytest.mark.parametrize("spelling", [
+    lambda a: F.dropout(a, 0.3, training=False),
+    lambda a: F.dropout(a, p=0.0, training=True),
+    lambda a: torch.dropout(a, 0.5, False),
+    lambda a: F.dropout2d(a, 0.5, training=False),
+], ids=["eval", "p=0", "torch.dropout", "dropout2d"])
+def test_inactive_dropout_is_seen_through(spelling):
+    assert fires(lambda a: torch.exp(spelling(torch.tanh(a))), EXP_TANH, X) == 1
+
+
+def test_active_dropout_is_not_seen_through():
+    gm = fx.symbolic_trace(lambda a: torch.exp(F.dropout(torch.tanh(a), 0.3, training=True)))
+    result = rewrite(gm, EXP_TANH)
+    assert result.report.applied["exp_tanh"] == 0
+    dropout = next(n for n in gm.graph.nodes if n.target is F.dropout)
+    assert "active dropout" in identity_refusal(dropout)
+
+
+def test_a_dropout_module_is_seen_through_in_eval_mode_only():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.drop = torch.nn.Dropout(0.4)
+
+        def forward(self, a):
+            return torch.exp(self.drop(torch.tanh(a)))
+
+    assert fires(M().eval(), EXP_TANH, X) == 1
+    assert rewrite(M().train(), EXP_TANH).report.applied["exp_tanh"] == 0
+
+
+def test_an_unwritten_copy_is_seen_through():
+    assert fires(lambda a: torch.exp(torch.tanh(a).clone()), EXP_TANH, X) == 1
+    assert fires(lambda a: torch.exp(torch.tanh(a).contiguous()), EXP_TANH, X) == 1
+    assert fires(lambda a: torch.exp(torch.tanh(a).detach()), EXP_TANH, X) == 1
+
+
+def test_a_copy_that_is_written_is_not_seen_through():
+    def program(a):
+        t = torch.tanh(a)
+        c = t.clone()
+        c.add_(1.0)
+        return torch.exp(c)
+
+    assert fires(program, EXP_TANH, X) == 0
+
+
+def test_a_view_to_the_same_shape_is_seen_through_and_a_reshape_is_not():
+    assert fires(lambda a: torch.exp(torch.tanh(a).view(3, 4)), EXP_TANH, X) == 1
+    assert fires(lambda a: torch.exp(torch.tanh(a).reshape(4, 3)), EXP_TANH, X) == 0
+
+
+def test_a_product_with_one_is_seen_through_unless_it_promotes():
+    assert fires(lambda a: torch.exp(torch.tanh(a) * 1), EXP_TANH, X) == 1
+    abs_exp = Rule.from_functions(lambda x: torch.exp(torch.abs(x)), lambda x: torch.abs(x).exp(), name="exp_abs")
+    ints = torch.arange(-3, 3)
+    assert fires(lambda a: torch.exp(torch.abs(a) * 1.0), abs_exp, ints) == 0  # int * 1.0 is a float
+
+
+def test_an_identity_used_outside_the_match_keeps_the_match_from_firing():
+    def program(a):
+        t = torch.tanh(a).to(torch.float32)
+        return torch.exp(t) + t
+
+    assert fires(program, EXP_TANH, X) == 0
+
+
+def test_a_repeated_variable_agrees_with_its_value_behind_a_noop_cast():
+    silu = Rule.from_functions(lambda x: x * torch.sigmoid(x), lambda x: F.silu(x), name="silu")
+    assert fires(lambda a: a.to(torch.float32) * torch.sigmoid(a), silu, X) == 1
+
+
+# ---- matching by meaning: arguments and respelled calls -----------------------------------------
+
+R4 = torch.randn(2, 3, 4, 5)
+
+
+def exp_of(op):
+    return Rule.from_functions(lambda x: torch.exp(op(x)), lambda x: op(x).exp(), name="exp_op")
+
+
+def test_transpose_dims_compare_against_the_known_rank_in_either_order():
+    rule = exp_of(lambda x: x.transpose(-2, -1))
+    assert fires(lambda a: torch.exp(a.transpose(2, 3)), rule, R4) == 1
+    assert fires(lambda a: torch.exp(a.transpose(3, 2)), rule, R4) == 1
+    assert fires(lambda a: torch.exp(a.transpose(-1, -2)), rule, R4, shapes=False) == 1
+
+
+def test_positive_dims_do_not_match_negative_ones_without_the_rank():
+    rule = exp_of(lambda x: x.transpose(-2, -1))
+    assert fires(lambda a: torch.exp(a.transpose(2, 3)), rule, R4, shapes=False) == 0
+    assert fires(lambda a: torch.exp(a.transpose(1, 3)), rule, R4) == 0
+
+
+def test_a_permute_that_swaps_two_dims_is_a_transpose():
+    rule = exp_of(lambda x: x.transpose(1, 2))
+    assert fires(lambda a: torch.exp(a.permute(0, 2, 1, 3)), rule, R4) == 1
+    assert fires(lambda a: torch.exp(a.permute(0, 2, 3, 1)), rule, R4) == 0  # a rotation, not a swap
+
+
+@pytest.mark.parametrize("spelling", [lambda a: a[:, None], lambda a: a[..., None, :], lambda a: a.unsqueeze(1)],
+                         ids=["[:, None]", "[..., None, :]", "unsqueeze(1)"])
+def test_an_index_that_inserts_a_dim_is_unsqueeze(spelling):
+    rule = exp_of(lambda x: x.unsqueeze(-2))
+    assert fires(lambda a: torch.exp(spelling(a)), rule, X) == 1
+
+
+def test_an_index_that_selects_is_not_unsqueeze():
+    rule = exp_of(lambda x: x.unsqueeze(1))
+    assert fires(lambda a: torch.exp(a[:, None, 0]), rule, X) == 0
+
+
+def test_one_over_x_is_reciprocal_and_two_over_x_is_not():
+    rule = exp_of(torch.reciprocal)
+    positive = torch.rand(3, 4) + 0.5
+    assert fires(lambda a: torch.exp(1 / a), rule, positive) == 1
+    assert fires(lambda a: torch.exp(2 / a), rule, positive) == 0
+
+    class M(torch.nn.Module):
+        def forward(self, a):
+            return torch.exp(1 / a)
+
+    result = rewrite(torch.export.export(M(), (positive,)), rule)  # exported: reciprocal(a) * 1
+    assert result.report.applied["exp_op"] == 1
+    torch.testing.assert_close(result.module(positive), M()(positive))
+
+
+def test_mT_is_a_transpose_of_the_last_two_dims_but_not_on_a_0d_tensor():
+    rule = exp_of(lambda x: x.transpose(-2, -1))
+    assert fires(lambda a: torch.exp(a.mT), rule, R4) == 1
+    assert fires(lambda a: torch.exp(a.mT), rule, R4, shapes=False) == 1
+    gm = fx.symbolic_trace(lambda a: torch.exp(a.mT))
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # mT of a 0-d tensor is deprecated
+        assert rewrite(gm, rule, example_inputs=(torch.tensor(2.0),)).report.applied["exp_op"] == 0
+
+
+def test_a_softmax_dtype_equal_to_its_input_is_no_argument():
+    rule = exp_of(lambda x: torch.softmax(x, -1))
+    assert fires(lambda a: torch.exp(torch.softmax(a, -1, dtype=torch.float32)), rule, X) == 1
+    assert fires(lambda a: torch.exp(torch.softmax(a, -1, dtype=torch.float32)), rule, X.double()) == 0
+
+
+def test_shape_index_is_size():
+    rule = Rule.from_functions(lambda x: x * x.size(-1), lambda x: x.size(-1) * x, name="times_size")
+    assert fires(lambda a: a * a.shape[-1], rule, X, shapes=False) == 1
+
+
+def test_by_meaning_leaves_captured_dims_as_the_graph_writes_them():
+    x = fx.Graph().placeholder("x")
+    d = fx.Graph().placeholder("d")
+    assert by_meaning("sum", ("self", "dim"), (x, [d]), (x, [1]), None) == ((x, [d]), (x, [1]))
+
+
+def test_node_keys_of_a_swapping_permute_are_transpose_and_permute():
+    gm = fx.symbolic_trace(lambda a: a.permute(1, 0))
+    permute = next(n for n in gm.graph.nodes if n.op == "call_method")
+    assert node_keys(permute) == (("aten", "transpose"), ("aten", "permute"))
+    assert respelled(permute) == ("transpose", {"self": permute.args[0], "dim0": -2, "dim1": -1})
+
+
+def test_a_copy_whose_source_is_written_later_is_not_seen_through():
+    """``c`` keeps the old value of ``a``; were the clone seen through, ``x`` would bind both ``c``
+    and the written ``a`` and silu(c) would replace c * sigmoid(a)."""
+    silu = Rule.from_functions(lambda x: x * torch.sigmoid(x), lambda x: F.silu(x), name="silu")
+
+    def program(a):
+        b = a * 2
+        c = b.clone()
+        b.add_(1.0)
+        return c * torch.sigmoid(b)
+
+    assert fires(program, silu, X) == 0

@@ -103,6 +103,13 @@ def causal_mask(n: int) -> torch.Tensor:
     return torch.full((n, n), float("-inf")).triu(1)
 
 
+def padding_mask(batch: int, n: int) -> torch.Tensor:
+    """An additive (batch, 1, 1, n) mask hiding the last position of the first sequence."""
+    mask = torch.zeros(batch, 1, 1, n)
+    mask[0, ..., -1] = torch.finfo(torch.float32).min
+    return mask
+
+
 def layer_norm_var(x):
     return (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True, unbiased=False) + 1e-5)
 
@@ -202,13 +209,10 @@ CASES: dict[str, Case] = {
     "flatten_from_twice": fn(lambda x: x.flatten(1).flatten(1), x_(2, 3, 4, 5)),
     "view_as_view_as": fn(lambda x, y, z: x.view_as(y).view_as(z), x_(2, 6), x_(3, 4), x_(12)),
     "reshape_as_reshape_as": fn(lambda x, y, z: x.t().reshape_as(y).reshape_as(z), x_(2, 6), x_(3, 4), x_(4, 3)),
-    "shape_to_size": fn(lambda x: x * x.shape[-1], x_(2, 3)),
-    "transpose_last_two_swapped": fn(lambda x: x.transpose(-1, -2) * 2, x_(2, 3, 4)),
     "contiguous_contiguous": fn(lambda x: x.t().contiguous().contiguous(), x_(3, 4)),
     "clone_clone": fn(lambda x: x.clone().clone(), x_(3, 4)),
     "detach_detach": fn(lambda x: x.detach().detach() * 2, x_(3, 4)),
     "to_to": fn(lambda x: x.to(torch.float64).to(torch.float64), x_(3, 4)),
-    "float_float": fn(lambda x: x.float().float(), int_(3, 4)),
     "contiguous_matmul_left": fn(lambda x, y: x.transpose(0, 1).contiguous() @ y, x_(4, 3), x_(4, 5)),
     "contiguous_matmul_right": fn(lambda x, y: torch.matmul(x, y.t().contiguous()), x_(2, 3, 4), x_(5, 4)),
     "contiguous_linear": params(lambda m, x: F.linear(x.transpose(1, 2).contiguous(), m.w), x_(2, 3, 4), w=randn(5, 3)),
@@ -218,7 +222,6 @@ CASES: dict[str, Case] = {
     "permute_permute_3d": fn(lambda x: x.permute(0, 2, 1).permute([1, 0, 2]), x_(2, 3, 4)),
     "permute_permute_4d": fn(lambda x: x.permute(0, 2, 3, 1).permute(0, 3, 1, 2) * 2, x_(2, 3, 4, 5)),
     "permute_permute_5d": fn(lambda x: torch.permute(x, (0, 2, 3, 4, 1)).permute(4, 3, 2, 1, 0), x_(2, 3, 1, 4, 2)),
-    "mT_to_transpose": fn(lambda x: x.mT * 2, x_(2, 3, 4)),
     # ---- attention.py
     "attention_scaled": fn(lambda q, k, v: torch.matmul(F.softmax(q @ k.transpose(-2, -1) * 0.125, dim=-1), v),
                            x_(2, 3, 5, 8), x_(2, 3, 6, 8), x_(2, 3, 6, 4)),
@@ -248,6 +251,20 @@ CASES: dict[str, Case] = {
                                                      dim=-1), v),
         x_(2, 2, 5, 16), x_(2, 2, 5, 16), x_(2, 2, 5, 16), lambda: torch.randint(0, 2, (2, 1, 1, 5)) * -10000.0,
         shapes=True),
+    "attention_masked_unscaled": fn(lambda q, k, v, mask: F.softmax(q @ k.transpose(-2, -1) + mask, dim=-1) @ v,
+                                    x_(2, 2, 5, 16), x_(2, 2, 5, 16), x_(2, 2, 5, 16), lambda: causal_mask(5),
+                                    shapes=True),
+    "attention_masked_two_terms": fn(  # T5: position bias and padding mask, scaling 1.0
+        lambda q, k, v, bias, mask: torch.matmul(
+            F.softmax(torch.matmul(q, k.transpose(-2, -1)) * 1.0 + bias + mask, dim=-1), v),
+        x_(2, 2, 5, 16), x_(2, 2, 5, 16), x_(2, 2, 5, 16), x_(1, 2, 5, 5), lambda: padding_mask(2, 5), shapes=True),
+    "attention_where_mask_to_additive": fn(
+        lambda q, k, v, c: torch.softmax(torch.where(c, q @ k.transpose(-2, -1), torch.finfo(torch.float32).min),
+                                         -1) @ v,
+        x_(2, 2, 5, 16), x_(2, 2, 5, 16), x_(2, 2, 5, 16), lambda: torch.ones(5, 5, dtype=torch.bool).tril()),
+    "attention_masked_fill_to_additive": fn(
+        lambda q, k, v, mask: (q @ k.transpose(-2, -1) / 4.0).masked_fill(mask == 0, float("-inf")).softmax(-1) @ v,
+        x_(2, 2, 5, 16), x_(2, 2, 5, 16), x_(2, 2, 5, 16), lambda: torch.ones(5, 5).tril()),
     # ---- fusion.py / fusion.fxr
     "conv_bn_fold": module(lambda: nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), trained_bn(nn.BatchNorm2d(4))),
                            x_(2, 3, 8, 8)),
@@ -570,6 +587,42 @@ def test_reduction_rules_match_other_spellings_of_dim(name):
     assert_rewrite_sound(f, result, x, **tolerance([LIBRARY[name]]))
 
 
+#: Boolean masks before the softmax, with a mask value that absorbs any score.
+BOOL_MASKED_ATTENTION = {
+    "where finfo.min": lambda q, k, v, c: torch.softmax(
+        torch.where(c, q @ k.transpose(-2, -1) * 0.25, torch.finfo(torch.float32).min), dim=-1) @ v,
+    "masked_fill -inf": lambda q, k, v, c: F.softmax(
+        (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).masked_fill(~c, float("-inf")), dim=-1) @ v,
+    "masked_fill unscaled": lambda q, k, v, c: torch.matmul(
+        torch.softmax(torch.matmul(q, k.transpose(-2, -1)).masked_fill(c.logical_not(), -1e30), -1), v),
+}
+
+
+@pytest.mark.parametrize("spelling", sorted(BOOL_MASKED_ATTENTION))
+def test_library_turns_boolean_masked_attention_into_sdpa(spelling):
+    f = BOOL_MASKED_ATTENTION[spelling]
+    torch.manual_seed(0)
+    inputs = (randn(2, 2, 5, 16), randn(2, 2, 5, 16), randn(2, 2, 5, 16), torch.ones(5, 5, dtype=torch.bool).tril())
+    result = rewrite(f, LIBRARY, example_inputs=inputs)
+    assert "scaled_dot_product_attention" in result.code and "softmax" not in result.code, result.code
+    assert_rewrite_sound(f, result, *inputs, rtol=1e-4, atol=1e-5)
+
+
+def test_a_boolean_mask_whose_value_does_not_absorb_the_scores_stays():
+    """-1e4 + a score is not -1e4: on a row masked entirely the formula gives uniform weights, the
+    additive form the softmax of the scores."""
+    def f(q, k, v, c):
+        return torch.softmax(torch.where(c, q @ k.transpose(-2, -1), -1e4), -1) @ v
+
+    c = torch.ones(5, 5, dtype=torch.bool).tril()
+    c[2] = False  # a row masked entirely
+    inputs = (randn(1, 5, 8) * 10, randn(1, 5, 8) * 10, randn(1, 5, 8), c)
+    result = rewrite(f, LIBRARY, example_inputs=inputs)
+    assert result.report.applied["attention_where_mask_to_additive"] == 0
+    assert "scaled_dot_product_attention" not in result.code
+    assert_rewrite_sound(f, result, *inputs)
+
+
 # ---- Hugging Face's own blocks, as transformers writes them (exported, as the model zoo does) ---------
 
 #: transformers module -> (class, {dtype: the rule that fuses it}).
@@ -709,8 +762,8 @@ MODELS = {"transformer": transformer_case, "convnet": convnet_case}
 
 #: Rules each model must trigger (with example inputs).
 EXPECTED = {
-    "transformer": {"layer_norm_from_var_affine", "linear_add_bias", "transpose_last_two_swapped",
-                    "attention_masked_inverse_sqrt_dim", "dropout_layer_inactive", "layer_norm_from_centered_affine",
+    "transformer": {"layer_norm_from_var_affine", "linear_add_bias",
+                    "attention_masked_inverse_sqrt_dim", "layer_norm_from_centered_affine",
                     "linear_layer_add_bias", "gelu_tanh", "dropout_inactive", "rms_norm_from_rsqrt_affine",
                     "log_softmax_from_logsumexp"},
     "convnet": {"conv_bn_fold", "relu6_from_clamp", "hardswish_from_relu6", "permute_permute_4d",
