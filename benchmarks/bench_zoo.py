@@ -8,6 +8,7 @@ Usage::
     python benchmarks/bench_zoo.py --no-inductor        # fxrewrite only (no torch.compile)
     python benchmarks/bench_zoo.py --models gpt2,t5,vit --json zoo.json
     python benchmarks/bench_zoo.py --invariant          # adding rules never lowers a rule's fire count
+    python benchmarks/bench_zoo.py --baseline zoo.json  # what changed since an earlier --json run
 
 Needs ``transformers`` (a test extra of fxrewrite). Every model is built offline from a tiny
 random config (no ``from_pretrained``, no download) with ``attn_implementation="eager"``, in eval
@@ -55,15 +56,15 @@ import time
 import traceback
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
-import torch
-from torch import fx, nn
+import torch  # noqa: E402 - after the NumPy warning filter
+from torch import fx, nn  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 try:
@@ -227,7 +228,7 @@ ZOO: tuple[Arch, ...] = (
 )
 
 ARCHS: dict[str, Arch] = {a.name: a for a in ZOO}
-QUICK = ("gpt2", "llama", "bert", "t5", "vit")
+QUICK = ("gpt2", "llama", "gemma", "bert", "t5", "vit")
 
 
 def build(arch: Arch) -> Sample:
@@ -253,7 +254,7 @@ def build_zoo(names: Iterable[str]) -> tuple[list[Sample], dict[str, str]]:
             sample = build(ARCHS[name])
             sample.program()
             samples.append(sample)
-        except Exception as exc:  # noqa: BLE001 - an architecture this transformers cannot build is skipped
+        except Exception as exc:  # an architecture this transformers cannot build is skipped
             skipped[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
     return samples, skipped
 
@@ -517,13 +518,13 @@ def measure(sample: Sample, library: fxrewrite.RuleSet, inductor: bool) -> Row:
     row = Row(sample.name, sample.family, arch.note if arch else "")
     try:
         measure_rewrite(sample, library, row)
-    except Exception as exc:  # noqa: BLE001 - reported in the table, exit code 1
+    except Exception as exc:  # reported in the table, exit code 1
         row.error = f"rewrite raised {type(exc).__name__}: {exc}"
         traceback.print_exc()
     if inductor:
         try:
             measure_inductor(sample, row)
-        except Exception as exc:  # noqa: BLE001 - reported, not fatal: Inductor is the comparison
+        except Exception as exc:  # reported, not fatal: Inductor is the comparison
             row.error += f" inductor raised {type(exc).__name__}: {str(exc).splitlines()[0]}"
     return row
 
@@ -711,6 +712,30 @@ def compare(rows: Sequence[Row]) -> str:
 # ----------------------------------------------------------------------------------------------
 
 
+def against(rows: Sequence[Row], baseline: dict[str, Any]) -> str:
+    """What changed since a ``--json`` file of an earlier run: per architecture, the attention
+    blocks converted, norms, activations and rules fired, old -> new, and the numerics verdict."""
+    old = {r["arch"]: r for r in baseline["rows"]}
+    lines = []
+    for r in rows:
+        before = old.get(r.arch)
+        if before is None:
+            lines.append(f"  {r.arch}: new in this run")
+            continue
+        pairs = {"attention": (before["converted"], r.converted), "norms": (before["norms"], r.norms),
+                 "acts": (before["activations"], r.activations),
+                 "rules fired": (sum(before["fired"].values()), sum(r.fired.values())),
+                 "exact": (before["exact"], r.exact)}
+        changes = [f"{what} {old_value} -> {new_value}" for what, (old_value, new_value) in pairs.items()
+                   if old_value != new_value]
+        if changes:
+            lines.append(f"  {r.arch}: {'; '.join(changes)}")
+    converted = (sum(r["converted"] for r in baseline["rows"] if r["arch"] in {x.arch for x in rows}),
+                 sum(r.converted for r in rows))
+    head = f"against the baseline: attention converted {converted[0]} -> {converted[1]}"
+    return "\n".join([head, *(lines or ["  no change"])])
+
+
 def invariant_report(violations: dict[str, Lowered]) -> str:
     """The invariant's verdict: rules starved by the library (a failure), rules subsumed (a note)."""
     if not violations:
@@ -742,6 +767,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="also check every rule (library and examples/*_rules): fires as often with the "
                              "library as alone")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="a --json file of an earlier run: also print what changed since")
     args = parser.parse_args(argv)
     args.models = args.models or (QUICK if args.quick else tuple(ARCHS))
     return args
@@ -764,6 +791,8 @@ def main(argv: Sequence[str] | None = None, out: Any = None) -> int:
         rows.append(measure(sample, library, inductor=not args.no_inductor))
         print(f"  {sample.name}: done", file=out, flush=True)
     print(f"\n{table(rows, skipped)}\n\n{details(rows)}\n\n{compare(rows)}", file=out)
+    if args.baseline is not None:
+        print(f"\n{against(rows, json.loads(args.baseline.read_text()))}", file=out)
     violations: dict[str, Lowered] = {}
     if args.invariant:
         violations = invariant_violations(every_rule(library), library, samples)

@@ -137,9 +137,17 @@ def test_a_quick_run_prints_the_table_and_writes_the_rows_as_json(transformers, 
                       out=out) == 0
     text = out.getvalue()
     assert "attn->SDPA" in text and "\nbert " in text and "\ndistilbert " in text and "2/2 exact" in text
-    rows = json.loads((tmp_path / "z.json").read_text())["rows"]
+    saved = json.loads((tmp_path / "z.json").read_text())
+    rows = saved["rows"]
     assert [r["arch"] for r in rows] == ["bert", "distilbert"]
     assert all(r["attention"] == 2 and r["exact"] for r in rows)
+    rows[0]["converted"], converted = rows[0]["converted"] - 1, rows[0]["converted"]  # an earlier run, one fewer
+    (tmp_path / "old.json").write_text(json.dumps(saved))
+    out = io.StringIO()
+    assert bench.main(["--models", "bert,distilbert", "--no-inductor", "--baseline", str(tmp_path / "old.json")],
+                      out=out) == 0
+    assert f"\n  bert: attention {converted - 1} -> {converted}\n" in out.getvalue()
+    assert "distilbert:" not in out.getvalue().split("against the baseline")[1]
 
 
 @pytest.mark.slow
