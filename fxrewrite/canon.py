@@ -1396,7 +1396,7 @@ def node_key(node: Node) -> Hashable:
     >>> import torch.fx as fx
     >>> gm = fx.symbolic_trace(lambda x: (x[:, None], x.mT, 1 / x))
     >>> [node_key(n) for n in gm.graph.nodes if n.op == "call_function"]
-    [('aten', 'unsqueeze'), ('aten', 'transpose'), ('aten', 'reciprocal')]
+    [('aten', 'unsqueeze'), ('aten', 'reciprocal'), ('aten', 'transpose')]
     """
     key = op_key_of(node.op, node.target)
     if key in _RESPELLABLE_KEYS:
