@@ -37,7 +37,7 @@ from .match import Match as _FxrMatch
 from .match import MatchOptions, match_at, node_position
 from .pattern import TRACING, Pattern, pattern_from_graph
 
-__all__ = ["replace_pattern", "replace_pattern_with_filters"]
+__all__ = ["SubgraphMatcher", "SubgraphMatcherWithNameNodeMap", "replace_pattern", "replace_pattern_with_filters"]
 
 MatchFilter = Callable[[InternalMatch, fx.Graph, fx.Graph], bool]
 
@@ -121,16 +121,90 @@ def _fx_anchors(pattern: Pattern) -> list[Node]:
 def find_fx_matches(gm: fx.GraphModule, pattern: Pattern, *, ignore_literals: bool = False) -> list[InternalMatch]:
     """Every match torch.fx's ``SubgraphMatcher`` would return (non-overlapping, in its order),
     as ``InternalMatch`` objects."""
+    return _fx_matches(gm.graph, gm, pattern, ignore_literals=ignore_literals)
+
+
+def _fx_matches(graph: fx.Graph, owner: torch.nn.Module | None, pattern: Pattern, *, ignore_literals: bool = False,
+                remove_overlapping: bool = True) -> list[InternalMatch]:
+    """The matches of ``pattern`` in ``graph`` (owned by ``owner``, for ``call_module`` targets)
+    by torch.fx's rules, in torch.fx's order; without overlaps unless ``remove_overlapping`` is false."""
     options = MatchOptions.torch_fx(ignore_literals=ignore_literals)
     anchors = _fx_anchors(pattern)
-    index = OpIndex(gm.graph, canonical=False)
+    index = OpIndex(graph, canonical=False)
     found: list[_FxrMatch] = []
-    modules = dict(gm.named_modules())
+    modules = dict(owner.named_modules()) if owner is not None else {}
     anchor_key = op_key_of(pattern.anchor.op, pattern.anchor.target, canonical=False)
     for gn in index.nodes(anchor_key):
-        found.extend(match_at(pattern, gn, gm, options=options, candidates=index, modules=modules))
+        found.extend(match_at(pattern, gn, owner, options=options, candidates=index, modules=modules))
     found.sort(key=lambda m: tuple(node_position(m.node_map[a]) for a in anchors))
-    return [_internal_match(pattern, m, anchors) for m in _without_overlaps(found)]
+    kept = _without_overlaps(found) if remove_overlapping else iter(found)
+    return [_internal_match(pattern, m, anchors) for m in kept]
+
+
+class SubgraphMatcher:
+    """Drop-in for ``torch.fx.passes.utils.matcher_utils.SubgraphMatcher``: the same arguments,
+    attributes and results (a list of torch.fx ``InternalMatch``, in torch.fx's order), found by
+    fxrewrite's indexed matcher at linear cost (torch.fx tries every anchor at every node and runs
+    a whole-graph cycle check per match). As in :func:`replace_pattern_with_filters`, a pattern
+    literal under ``ignore_literals=True`` stands for any literal, never for a graph node.
+    ``match_output=True``, ``match_placeholder=True`` and ``node_name_match`` are handed to
+    torch.fx's own matcher.
+
+    >>> import torch, torch.fx as fx
+    >>> pattern = fx.symbolic_trace(lambda x, w: torch.relu(torch.matmul(x, w))).graph
+    >>> graph = fx.symbolic_trace(lambda a, b: torch.relu(torch.matmul(a, b)) + 1).graph
+    >>> [(m.anchors[0].name, m.returning_nodes[0].name) for m in SubgraphMatcher(pattern).match(graph)]
+    [('relu', 'relu')]
+    """
+
+    def __init__(self, pattern: fx.Graph, match_output: bool = False, match_placeholder: bool = False,
+                 remove_overlapping_matches: bool = True, ignore_literals: bool = False) -> None:
+        from torch.fx.passes.utils.matcher_utils import SubgraphMatcher as FxMatcher
+
+        self.pattern = pattern
+        self.match_output = match_output
+        self.match_placeholder = match_placeholder
+        self.remove_overlapping_matches = remove_overlapping_matches
+        self.ignore_literals = ignore_literals
+        # torch.fx's checks (an empty pattern, dead code) and public attributes, as torch.fx has them
+        self._fx = FxMatcher(pattern, match_output, match_placeholder, remove_overlapping_matches, ignore_literals)
+        self.pattern_placeholder_nodes = self._fx.pattern_placeholder_nodes
+        self.pattern_returning_nodes = self._fx.pattern_returning_nodes
+        self.pattern_anchors = self._fx.pattern_anchors
+        self._compiled: Pattern | None = None
+
+    def match(self, graph: fx.Graph, node_name_match: str = "") -> list[InternalMatch]:
+        """The matched subgraphs, as torch.fx's ``SubgraphMatcher.match`` returns them."""
+        if node_name_match or self.match_output or self.match_placeholder:
+            return self._fx.match(graph, node_name_match)
+        if self._compiled is None:
+            self._compiled = pattern_from_graph(self.pattern, where="pattern", fx_style=True)
+        return _fx_matches(graph, graph.owning_module, self._compiled, ignore_literals=self.ignore_literals,
+                           remove_overlapping=self.remove_overlapping_matches)
+
+
+class SubgraphMatcherWithNameNodeMap(SubgraphMatcher):
+    """Drop-in for ``torch.fx.passes.utils.matcher_with_name_node_map_utils.SubgraphMatcherWithNameNodeMap``:
+    the pattern ``GraphModule`` returns its outputs and a dict naming pattern nodes
+    (``return relu, {"conv": conv, "relu": relu}``), and each match's ``name_node_map`` maps
+    those names to the matched graph nodes (as torchao's quantizers use it)."""
+
+    def __init__(self, pattern_gm: fx.GraphModule, match_output: bool = False, match_placeholder: bool = False,
+                 remove_overlapping_matches: bool = True, ignore_literals: bool = False) -> None:
+        from torch.fx.passes.utils.matcher_with_name_node_map_utils import _split_to_graph_and_name_node_map
+
+        pattern_gm, name_node_map = _split_to_graph_and_name_node_map(pattern_gm)
+        self.name_node_map = name_node_map
+        super().__init__(pattern_gm.graph, match_output, match_placeholder, remove_overlapping_matches,
+                         ignore_literals)
+
+    def match(self, graph: fx.Graph, node_name_match: str = "") -> list[InternalMatch]:
+        """The matches, each with ``name_node_map`` from the pattern's names to graph nodes."""
+        matches = super().match(graph, node_name_match)
+        for m in matches:
+            for name, node in self.name_node_map.items():
+                m.name_node_map[name] = m.nodes_map[node]
+        return matches
 
 
 def _without_overlaps(matches: list[_FxrMatch]) -> Iterator[_FxrMatch]:
