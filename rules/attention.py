@@ -20,7 +20,28 @@ Masks. An additive mask becomes ``attn_mask`` only when it has the scores' float
 least 2 dimensions, and broadcasts to the scores without enlarging them: a strict guard, so
 the masked rules fire only when the graph has shapes (``example_inputs=``). A row masked
 entirely with ``-inf`` gives nan in the formula and 0 in ``scaled_dot_product_attention``;
-the domain (finite masks) leaves such rows out.
+the domain (finite masks) leaves such rows out. Two additive terms (T5's position bias and mask,
+``scores * s + bias + mask``) become one ``attn_mask=bias + mask`` when each fits (the sum is
+rounded in another order: declared tolerance).
+
+Boolean masks. ``where(c, scores, m)`` and ``scores.masked_fill(c, m)`` before the softmax are
+first turned into an additive mask (``scores + where(c, 0, m)``), which the rules above then
+take: exactly the same values when ``m`` is ``-inf`` or at most ``-1e30`` (``scores + m`` rounds to
+``m`` for any score below 1e22 in float32), including a row masked entirely, where both give
+uniform weights (finite ``m``) or nan (``-inf``). A smaller ``m`` (``-1e4``, ``-1e9``) is not absorbed
+(a fully masked row would change from uniform weights to the softmax of its scores): no rule.
+The scores must be finite: ``where`` hides a nan or inf score at a masked position, an additive
+mask does not (the domain excludes them).
+A mask value held in a tensor (GPT-Neo's ``torch.tensor(finfo.min)``) is a graph value whose
+number the guard cannot read: no rule either.
+
+The float32 softmax upcast (``softmax(s, -1, dtype=torch.float32).to(q.dtype)``, Llama, OPT, ...)
+is ``softmax_upcast`` (normalization.py): it leaves the plain softmax these patterns match.
+
+Not expressible. Gemma-2's soft-capping (``tanh(scores / cap) * cap`` before the mask) applies
+a function to the scores between the matmul and the softmax; ``scaled_dot_product_attention``
+takes only a scale and an additive or boolean mask, so no rule can replace it. ALiBi written as
+``(scores + alibi) * s + mask`` (Falcon) would need the bias scaled into the mask: no rule yet.
 """
 
 from __future__ import annotations
@@ -149,21 +170,32 @@ def attention_inverse_sqrt_dim(q, k, v, t, one: float):  # noqa: F811
 # ---- additive mask -------------------------------------------------------------------------------
 
 
-def _mask_fits(m: fxrewrite.Match) -> bool:
-    """Strict guard: the mask has the scores' dtype, at least 2 dimensions, and broadcasts to the
+def _scores_shape(q, k) -> tuple[int, ...]:
+    return (*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]), q.shape[-2], k.shape[-2])
+
+
+def _masks_fit(*masks: str):
+    """Strict guard: each mask has the scores' dtype, at least 2 dimensions, and broadcasts to the
     scores' shape without enlarging it (what scaled_dot_product_attention requires of attn_mask)."""
-    q, k, v, mask = (view(m, n) for n in ("q", "k", "v", "mask"))
-    if q is None or k is None or v is None or mask is None or min(q.dim(), k.dim(), v.dim(), mask.dim()) < 2:
-        return False
-    if mask.dtype != q.dtype or not mask.dtype.is_floating_point:
-        return False
-    try:
-        scores = (*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]), q.shape[-2], k.shape[-2])
-        return torch.broadcast_shapes(scores, mask.shape) == torch.Size(scores)
-    except RuntimeError:
-        return False
+
+    def guard(m: fxrewrite.Match) -> bool:
+        tensors = [view(m, n) for n in ("q", "k", "v", *masks)]
+        if any(t is None for t in tensors) or min(t.dim() for t in tensors) < 2:
+            return False
+        q, k = tensors[0], tensors[1]
+        if any(t.dtype != q.dtype or not t.dtype.is_floating_point for t in tensors[3:]):
+            return False
+        try:
+            scores = _scores_shape(q, k)
+            return all(torch.broadcast_shapes(scores, t.shape) == torch.Size(scores) for t in tensors[3:])
+        except RuntimeError:
+            return False
+
+    guard.__name__ = guard.__qualname__ = "_mask_fits" if masks == ("mask",) else f"masks_fit({', '.join(masks)})"
+    return guard
 
 
+_mask_fits = _masks_fit("mask")
 _MASKED_DOMAIN = {**_DOMAIN, "shapes": "broadcast"}
 
 
@@ -212,3 +244,74 @@ def attention_masked_inverse_sqrt_dim(q, k, v, mask, t, one: float):
 @attention_masked_inverse_sqrt_dim.replacement
 def attention_masked_inverse_sqrt_dim(q, k, v, mask, t, one: float):  # noqa: F811
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=one / sqrt(t.size(-1)))
+
+
+@fxrewrite.rule(priority=PRIORITY, where=_mask_fits, tolerance=_TOLERANCE, domain=_MASKED_DOMAIN)
+def attention_masked_unscaled(q, k, v, mask):
+    "Replaces softmax(q @ k.transpose(-2, -1) + mask, -1) @ v by scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)."
+    return torch.softmax(q @ k.transpose(-2, -1) + mask, -1) @ v
+
+
+@attention_masked_unscaled.replacement
+def attention_masked_unscaled(q, k, v, mask):  # noqa: F811
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
+
+
+# ---- two additive terms (T5: position bias and mask) ---------------------------------------------
+
+
+@fxrewrite.rule(priority=PRIORITY, where=(finite("s"), _masks_fit("bias", "mask")), tolerance=_TOLERANCE,
+                domain={**_MASKED_DOMAIN, "literals": {"s": (1.0, 0.125, 0.5, 2.0)}})
+def attention_masked_two_terms(q, k, v, bias, mask, s: float):
+    "Replaces softmax(q @ k.transpose(-2, -1) * s + bias + mask, -1) @ v by scaled_dot_product_attention(q, k, v, attn_mask=bias + mask, scale=s)."
+    return torch.softmax(q @ k.transpose(-2, -1) * s + bias + mask, -1) @ v
+
+
+@attention_masked_two_terms.replacement
+def attention_masked_two_terms(q, k, v, bias, mask, s: float):  # noqa: F811
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias + mask, scale=float(s))
+
+
+# ---- boolean masks, turned into additive ones ------------------------------------------------------
+# They leave softmax(scores + mask) @ v, which the rules above take: below those (they cannot match
+# the same nodes anyway), above the small rules, which must not re-spell pieces of the block first.
+# `@ v` keeps them to attention: elsewhere the additive form is one more op for nothing. The zero
+# is v's (v has the scores' dtype): built from the scores it would be a second use of them, which
+# keeps the attention rules from taking the block.
+
+
+def _absorbing(name: str):
+    def guard(m: fxrewrite.Match) -> bool:
+        return m[name] == -math.inf or (math.isfinite(m[name]) and m[name] <= _ABSORBING)
+
+    guard.__name__ = guard.__qualname__ = f"{name} is -inf or <= {_ABSORBING:g}"
+    return guard
+
+
+_ABSORBING = -1e30
+_BOOL_MASK_PRIORITY = 5
+_BOOL_MASK_DOMAIN = {**_DOMAIN, "shapes": "broadcast", "mixed_dtypes": True,
+                     "literals": {"m": (-math.inf, torch.finfo(torch.float32).min, _ABSORBING)},
+                     "inputs": {"c": {"dtypes": (torch.bool,)}}}
+
+
+@fxrewrite.rule(priority=_BOOL_MASK_PRIORITY, where=_absorbing("m"), domain=_BOOL_MASK_DOMAIN)
+def attention_where_mask_to_additive(x, v, c, m: float):
+    "Replaces softmax(where(c, x, m), -1) @ v by softmax(x + where(c, 0, m), -1) @ v when m is -inf or <= -1e30 (x + m rounds to m)."
+    return torch.softmax(torch.where(c, x, m), -1) @ v
+
+
+@attention_where_mask_to_additive.replacement
+def attention_where_mask_to_additive(x, v, c, m: float):  # noqa: F811
+    return torch.softmax(x + torch.where(c, v.new_zeros(()), m), -1) @ v
+
+
+@fxrewrite.rule(priority=_BOOL_MASK_PRIORITY, where=_absorbing("m"), domain=_BOOL_MASK_DOMAIN)
+def attention_masked_fill_to_additive(x, v, c, m: float):
+    "Replaces softmax(x.masked_fill(c, m), -1) @ v by softmax(x + where(c, m, 0), -1) @ v when m is -inf or <= -1e30 (x + m rounds to m)."
+    return torch.softmax(x.masked_fill(c, m), -1) @ v
+
+
+@attention_masked_fill_to_additive.replacement
+def attention_masked_fill_to_additive(x, v, c, m: float):  # noqa: F811
+    return torch.softmax(x + torch.where(c, m, v.new_zeros(())), -1) @ v

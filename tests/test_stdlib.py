@@ -681,6 +681,51 @@ def test_library_fuses_hugging_face_gelu_activations(name):
     assert_rewrite_sound(act, result, x, rtol=1e-5, atol=1e-5)
 
 
+class EagerAttention(nn.Module):
+    """Calls a transformers ``eager_attention_forward`` as its attention module does (eval mode,
+    so ``dropout=0.0``), and returns the attention output."""
+
+    def __init__(self, forward: Callable[..., Any], **kwargs: Any) -> None:
+        super().__init__()
+        self.attention, self.kwargs = forward, kwargs
+        self.num_key_value_groups = 1
+
+    def forward(self, q, k, v, mask):
+        return self.attention(self, q, k, v, mask, dropout=0.0, **self.kwargs)[0]
+
+
+#: transformers module -> eager_attention_forward's extra arguments. Llama (OPT, Qwen2, Mistral,
+#: Phi, ViT write the same) upcasts the softmax to float32 and casts back to q's dtype; GPT-2
+#: computes its scale from q.size(-1) and casts with .type(v.dtype); T5 adds a position bias.
+HF_ATTENTION = {
+    "llama": {"scaling": 0.25},
+    "gpt2": {},
+    "bert": {"scaling": 0.25},
+    "t5": {"scaling": 1.0, "position_bias": "bias"},
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("name", sorted(HF_ATTENTION))
+def test_library_turns_hugging_face_eager_attention_into_sdpa(name, dtype):
+    pytest.importorskip("transformers")
+    import importlib
+
+    forward = importlib.import_module(f"transformers.models.{name}.modeling_{name}").eager_attention_forward
+    torch.manual_seed(0)
+    kwargs = dict(HF_ATTENTION[name])
+    if kwargs.get("position_bias"):
+        kwargs["position_bias"] = randn(1, 2, 5, 5).to(dtype)
+    model = EagerAttention(forward, **kwargs).eval()
+    q, k, v = (randn(2, 2, 5, 16).to(dtype) for _ in range(3))
+    inputs = (q, k, v, padding_mask(2, 5).to(dtype))
+    result = rewrite(torch.export.export(model, inputs), LIBRARY)
+    result.module.graph.lint()
+    assert "scaled_dot_product_attention" in result.code and "softmax" not in result.code, result.code
+    close = {"rtol": 1e-4, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    torch.testing.assert_close(result.module(*inputs), model(*inputs), **close)
+
+
 # ---- the whole library on small models --------------------------------------------------------------
 
 
