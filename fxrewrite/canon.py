@@ -42,6 +42,7 @@ from torch.fx.node import Node
 from ._torch import tree_leaves
 
 __all__ = [
+    "AUTOGRAD_ONLY_WRITES",
     "ALIASES",
     "COMMUTATIVE",
     "CONVERSION_METHODS",
@@ -83,6 +84,7 @@ __all__ = [
     "same_literal",
     "same_shape",
     "through_identities",
+    "writers_of",
     "written_arguments",
 ]
 
@@ -757,12 +759,38 @@ def alias_class(node: Node, limit: int = 256) -> list[Node] | None:
 def is_written(node: Node) -> bool:
     """True when ``node``'s value, or any value sharing its storage, is written in place
     somewhere in the graph (conservatively True when the alias class is too large to walk)."""
+    return writers_of(node) != ()
+
+
+#: In-place ops that change no value, only autograd's view of it.
+AUTOGRAD_ONLY_WRITES = frozenset({"detach_", "requires_grad_"})
+
+
+def writers_of(node: Node) -> tuple[Node, ...] | None:
+    """The nodes writing in place into ``node``'s value or a value sharing its storage, in graph
+    order; ``None`` when the alias class is too large to walk (treat as written). ``detach_``
+    and ``requires_grad_`` write no value and are not counted.
+
+    >>> g = torch.fx.Graph(); x = g.placeholder("x"); y = g.call_method("relu", (x,))
+    >>> w = g.call_method("add_", (y, 1)); d = g.call_method("detach_", (x,))
+    >>> [n.name for n in writers_of(y)], writers_of(x)
+    (['add_'], ())
+    """
     members = alias_class(node)
     if members is None:
-        return True
+        return None
     member_set = set(members)
-    return any(mutation(user) is not None and member_set.intersection(written_arguments(user))
-               for member in members for user in member.users)
+    found = {user: None for member in members for user in member.users
+             if mutation(user) is not None and not _autograd_only(user)
+             and member_set.intersection(written_arguments(user))}
+    return tuple(found)
+
+
+def _autograd_only(node: Node) -> bool:
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        target = target._schema.name.partition("::")[2]
+    return isinstance(target, str) and target in AUTOGRAD_ONLY_WRITES
 
 
 # -- what a node computes -------------------------------------------------------------------

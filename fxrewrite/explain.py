@@ -30,6 +30,7 @@ from torch.fx.node import Node
 from .index import OpIndex
 from .match import Match, Rejection, match_at
 from .meta import propagate_inputs
+from .replace import placement_refusal
 from .rule import Rule, RuleSet, RulesLike, as_ruleset
 from .target import to_graph_module
 
@@ -122,7 +123,7 @@ def find_matches(target: Any, rules: RulesLike, *,
     for rule in as_ruleset(rules):
         for node in index.nodes(rule.anchor_key):
             for match in match_at(rule.compiled, node, gm, modules=modules, candidates=index):
-                if rule.refusal(match) is None:
+                if placement_refusal(match) is None and rule.refusal(match) is None:
                     yield rule, match
                     break
 
@@ -141,10 +142,10 @@ def explain(target: Any, rules: RulesLike, *, example_inputs: Sequence[Any] | No
     >>> import torch, fxrewrite
     >>> relu_relu = fxrewrite.Rule.from_functions(lambda x: torch.relu(torch.relu(x)), lambda x: torch.relu(x),
     ...                                           name="relu_relu")
-    >>> drop = fxrewrite.Rule.from_functions(lambda x: torch.nn.functional.dropout(x, 0.1, False), lambda x: x,
+    >>> drop = fxrewrite.Rule.from_functions(lambda x: torch.nn.functional.dropout(x, 0.1, True), lambda x: x,
     ...                                      name="no_dropout")
-    >>> def f(a):
-    ...     return torch.relu(torch.nn.functional.dropout(torch.relu(a), 0.1, False))
+    >>> def f(a):  # an active dropout (an inactive one the matcher would look through)
+    ...     return torch.relu(torch.nn.functional.dropout(torch.relu(a), 0.1, True))
     >>> explain(f, relu_relu)["relu_relu"].matches
     ()
     >>> explain(f, relu_relu, after=[relu_relu, drop])["relu_relu"].matches
@@ -179,7 +180,7 @@ def _explain_rule(rule: Rule, gm: fx.GraphModule, modules: dict[str, torch.nn.Mo
         matched = False
         for match in match_at(rule.compiled, node, gm, modules=modules, on_reject=rejections.append,
                               candidates=index):
-            refusal = rule.refusal(match)
+            refusal = placement_refusal(match) or rule.refusal(match)
             if refusal is None:
                 matches.append(node.name)
                 matched = True

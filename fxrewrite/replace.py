@@ -20,7 +20,7 @@ import dis
 import inspect
 import re
 import threading
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 import attrs
@@ -30,13 +30,13 @@ from torch.fx.node import Node
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._torch import add_node, fresh_node_name, is_erased, node_name_base, tree_leaves
-from .canon import aten_spelling, result_kind, written_arguments
+from .canon import aten_spelling, mutation, result_kind, writers_of, written_arguments
 from .errors import ModuleWriteError, Refuse, RewriteError
 from .match import Match, node_position
 from .meta import has_values, propagate_values
 from .rule import Rule
 
-__all__ = ["Splicer", "insertion_point"]
+__all__ = ["Splicer", "insertion_point", "placement_refusal"]
 
 
 #: Node metadata saying where in the module tree a node comes from; new nodes take the anchor's.
@@ -511,6 +511,40 @@ def _literal_captures(rule: Rule) -> tuple[str, ...] | None:
     if any(p.kind == "module" for p in params):
         return None
     return tuple(p.name for p in params if p.kind == "literal")
+
+
+def placement_refusal(match: Match,
+                      writers: Callable[[Node], tuple[Node, ...] | None] = writers_of) -> str | None:
+    """Why the replacement of ``match`` cannot take the match's place, or ``None``: there is no
+    point after every input and before every outside use of an output, or a value the match
+    reads is written in place once the match has started reading it (the replacement would read
+    it at another time), or a value it returns is written in place (a replacement returning its
+    input would carry the write into it). A write before the match, into a fresh tensor or
+    into a value the match does not touch, refuses nothing. ``writers`` is
+    :func:`~fxrewrite.canon.writers_of` (the driver passes a cached one)."""
+    point = insertion_point(match)
+    if point is None:
+        return "no point of the graph comes after every input of the match and before every use of its results"
+    start = min((node_position(n) for n in match.nodes), default=node_position(point))
+    for value in match.bindings.values():
+        if isinstance(value, Node):
+            found = writers(value)
+            late = None if found is None else next((w for w in found if node_position(w) >= start), None)
+            if found is None or late is not None:
+                return _written_refusal("the input", value, late)
+    for output in match.outputs:
+        found = writers(output)
+        if found is None or found:
+            return _written_refusal("the result", output, found[0] if found else None)
+    return None
+
+
+def _written_refusal(what: str, value: Node, writer: Node | None) -> str:
+    if writer is None:
+        return (f"{what} '{value.name}' shares storage with too many values to prove that nothing writes into it in "
+                f"place")
+    return (f"{what} '{value.name}' (or a view of it) is written in place by '{writer.name}' ({mutation(writer)}) "
+            f"while the match reads or returns it; rewriting could move the computation across the write")
 
 
 def insertion_point(match: Match) -> Node | None:

@@ -40,12 +40,12 @@ from torch.fx.node import Node
 
 from ._gc import collections_paused
 from ._torch import is_erased, tree_flatten, tree_leaves, tree_unflatten
-from .canon import alias_class, input_keys, is_written, mutation, node_keys, same_literal
+from .canon import alias_class, input_keys, mutation, node_keys, same_literal, writers_of
 from .errors import ArgumentError, DidNotConverge, FxRewriteError, Refuse, RewriteError
 from .index import OpIndex
 from .match import Match, match_at, node_position
 from .meta import propagate_inputs
-from .replace import Splicer, insertion_point
+from .replace import Splicer, placement_refusal
 from .report import MAX_REASONS, Report, RewriteResult, RuleStats
 from .rule import Rule, RuleSet, RulesLike, as_ruleset
 from .target import to_graph_module
@@ -324,6 +324,11 @@ def _input_keys(node: Node) -> frozenset[Hashable]:
     return input_keys(node)
 
 
+def _no_writers(value: Node) -> tuple[Node, ...]:
+    """What writes into a value in a graph without in-place writes."""
+    return ()
+
+
 class _Driver:
     """The worklist: one queue of graph nodes per priority level, served highest first."""
 
@@ -350,7 +355,7 @@ class _Driver:
         self.needs_modules = any(r.compiled.module_captures for r in ruleset)
         self.modules: dict[str, torch.nn.Module] = dict(gm.named_modules()) if self.needs_modules else {}
         self.splicer = Splicer(gm, self.modules)
-        self.mutation_cache: dict[Node, tuple[int, bool]] = {}
+        self.mutation_cache: dict[Node, tuple[int, tuple[Node, ...] | None]] = {}
         #: Does anything in the graph write in place? (Rewrites never add a write: replacements
         #: writing into their inputs are refused.) Without writes, no match needs the alias walk.
         self.graph_writes = any(mutation(n) is not None for n in self.graph.nodes)
@@ -410,16 +415,18 @@ class _Driver:
                     continue
             refusal = None
             for match in match_at(rule.compiled, node, self.gm, modules=self.modules, candidates=self._nodes_with_key):
-                if insertion_point(match) is None or self._written_in_place(match):
-                    continue  # no place for the replacement, or a value of the match is mutated
-                refusal = rule.refusal(match)
+                refusal = None
+                if self.graph_writes or match.pattern.is_multi_output:  # else the anchor is the place
+                    refusal = placement_refusal(match, self._writers if self.graph_writes else _no_writers)
+                if refusal is None:
+                    refusal = rule.refusal(match)
                 if refusal is None:
                     try:
                         self._apply(rule, match, tally)
                         return
                     except Refuse as declined:  # the graph is as it was; record why and go on
                         refusal = f"the replacement refused: {declined}"
-            if refusal is not None:  # every match at this node was refused by a guard: count it once
+            if refusal is not None:  # every match at this node was refused (a guard, or the engine): count it once
                 tally.rejected += 1
                 if len(tally.reasons) < MAX_REASONS:
                     tally.reasons.append(f"at '{node.name}': {refusal}")
@@ -432,25 +439,15 @@ class _Driver:
             return rules.get(keys[0], ())
         return [r for key in keys for r in rules.get(key, ())]
 
-    def _written_in_place(self, match: Match) -> bool:
-        """True when an input or output of the match, or a view of one, is written in place:
-        moving the computation (or making an output alias an input) could change results.
-        Deliberately conservative: such matches are never rewritten.
-
-        Cached per node with its user count: a node that only lost users keeps its answer (a
-        rewrite never adds an in-place write: replacements writing into inputs are refused, and
-        matches whose outputs are written are never applied), so a widely used input is scanned
-        once, not once per rewrite."""
-        if not self.graph_writes:
-            return False
-        values = [v for v in match.bindings.values() if isinstance(v, Node)]
-        for v in (*values, *match.outputs):
-            cached = self.mutation_cache.get(v)
-            if cached is None or len(v.users) > cached[0]:
-                cached = self.mutation_cache[v] = (len(v.users), is_written(v))
-            if cached[1]:
-                return True
-        return False
+    def _writers(self, value: Node) -> tuple[Node, ...] | None:
+        """:func:`~fxrewrite.canon.writers_of`, cached per node with its user count: a node that only
+        lost users keeps its answer (a rewrite never adds an in-place write: replacements writing
+        into inputs are refused, and matches whose outputs are written are never applied), so a
+        widely used input is scanned once, not once per rewrite."""
+        cached = self.mutation_cache.get(value)
+        if cached is None or len(value.users) > cached[0]:
+            cached = self.mutation_cache[value] = (len(value.users), writers_of(value))
+        return cached[1]
 
     @property
     def last_rewrite(self) -> str | None:

@@ -478,3 +478,18 @@ def test_the_target_comes_first_and_the_old_order_says_so():
         with pytest.raises(ArgumentError, match=r"the target comes first .*Swap the arguments"):
             result = call(rule, f)
             list(result) if call is find_matches else result
+
+
+def test_explain_and_rewrite_agree_on_a_match_refused_for_an_in_place_write():
+    def program(a):
+        x = a * 3.0
+        y = torch.neg(x)
+        x.mul_(-2)
+        return torch.neg(y) + x
+
+    explanation = explain(program, NEG_NEG)["neg_neg"]
+    assert explanation.matches == ()
+    assert any("written in place by 'mul_'" in m.reason for m in explanation.misses)
+    report = fxrewrite.rewrite(program, NEG_NEG).report
+    assert report.applied["neg_neg"] == 0 and report.rejected["neg_neg"] == 1
+    assert "written in place by 'mul_'" in report.reasons["neg_neg"][0]

@@ -904,3 +904,15 @@ def test_inplace_rewrite_that_breaks_the_graph_leaves_the_last_consistent_graph(
     with pytest.raises(FxRewriteError):
         rewrite(gm, reordering_rule(), inplace=True, debug=debug)
     assert_consistent(gm, model)
+
+
+def test_a_detach_in_place_writes_no_value_and_refuses_nothing():
+    def program(a):
+        c = a * 2.0
+        c.detach_()  # autograd only: the values stay
+        return torch.neg(torch.neg(c)) + 1
+
+    x = torch.randn(4)
+    result = rewrite(program, neg_neg(lambda x: x))
+    assert result.report.applied["neg_neg"] == 1
+    assert_rewrite_sound(program, result, x)

@@ -462,8 +462,22 @@ def test_input_mutated_before_the_match_is_read_once_after_the_mutation():
         x.mul_(-2)
         return torch.neg(torch.neg(x)) + x
 
-    # sound, but fxrewrite does not rewrite values that are written in place anywhere (conservative)
-    assert assert_sound(fn, standard_rules(), (5,)).report.applied["double_neg"] == 0
+    # the write happens before the match reads x: the replacement reads x after it too
+    assert assert_sound(fn, standard_rules(), (5,)).report.applied["double_neg"] == 1
+
+
+def test_input_mutated_inside_the_match_is_refused_and_the_report_says_why():
+    def fn(x):
+        x = x * 3.0
+        y = torch.neg(x)
+        x.mul_(-2)  # between the two negations: neg(neg(x)) would read the written x
+        return torch.neg(y) + x
+
+    result = assert_sound(fn, standard_rules(), (5,))
+    assert result.report.applied["double_neg"] == 0
+    assert result.report.rejected["double_neg"] == 1
+    (reason,) = result.report.reasons["double_neg"]
+    assert "is written in place by 'mul_'" in reason, reason
 
 
 def test_single_op_rewrite_followed_by_a_mutation_of_its_input_is_sound():
