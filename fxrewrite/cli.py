@@ -3,7 +3,7 @@
     fxrewrite apply TARGET [--rules PATH ...] [--add-rules PATH ...] [-o OUT] [--check] [--diff] [--show-code]
                            [--export] [--shapes] [--max-rewrites N] [--all]
     fxrewrite explain TARGET [--rules PATH ...] [--add-rules PATH ...] [--rule NAME ...] [--misses N] [--shapes]
-                             [--export] [--after-others]
+                             [--export] [--after-others] [--stage STAGE]
     fxrewrite list [PATHS ...]
     fxrewrite check [PATHS ...] [--examples N] [--seed S] [-j N] [-k EXPR] [--rule NAME ...]
 
@@ -231,6 +231,8 @@ def cmd_explain(args: argparse.Namespace, out: TextIO) -> int:
         if missing:
             raise TargetError(f"no rule named {', '.join(missing)} in the loaded rules; see `fxrewrite list`.")
         rules = RuleSet(tuple(rules[name] for name in args.rule))
+    if args.stage:
+        return _explain_stage(args, target, rules, loaded, out)
     gm = traced_or_exported(target, export=args.export)
     if args.after_others:
         print(f"(explained against the graph after the other {len(loaded) - len(rules)} rule(s) ran)", file=out)
@@ -239,6 +241,30 @@ def cmd_explain(args: argparse.Namespace, out: TextIO) -> int:
     print(explanation, file=out)
     if NO_METADATA in str(explanation):
         print(f"Guards refused on a graph without shapes/dtypes: {_METADATA_HINT}.", file=out)
+    return 0
+
+
+def _explain_stage(args: argparse.Namespace, target: Target, rules: RuleSet, loaded: RuleSet, out: TextIO) -> int:
+    """``explain --stage STAGE``: explain against each graph ``torch.compile`` hands a pass at
+    that stage (captured with :func:`fxrewrite.inductor.stage_graphs`)."""
+    from .explain import explain
+    from .inductor import stage_graphs
+
+    if args.export or args.shapes:
+        raise TargetError("--stage explains the graphs torch.compile makes (they carry shapes and dtypes); drop "
+                          "--export and --shapes.")
+    if target.example_inputs is None:
+        raise TargetError(f"--stage needs example inputs to compile with: define example_inputs() next to "
+                          f"'{target.spec}'.")
+    graphs = stage_graphs(target.model, target.example_inputs, stage=args.stage)
+    if not graphs:
+        raise TargetError(f"torch.compile handed no graph to a pass at stage '{args.stage}' for '{target.spec}' "
+                          f"(nothing was compiled: is the model empty, or was every frame skipped?).")
+    others = f", after the other {len(loaded) - len(rules)} rule(s) ran" if args.after_others else ""
+    for i, gm in enumerate(graphs, 1):
+        print(f"(explained against graph {i} of {len(graphs)} torch.compile hands a pass at stage '{args.stage}', "
+              f"{len(gm.graph.nodes)} nodes{others})", file=out)
+        print(explain(gm, rules, misses=args.misses, after=loaded if args.after_others else None), file=out)
     return 0
 
 
@@ -330,6 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--export", action="store_true", help="capture the model with torch.export")
     explain.add_argument("--after-others", action="store_true",
                          help="explain against the graph after the other loaded rules ran (as apply leaves it)")
+    explain.add_argument("--stage", choices=_STAGE_NAMES, default=None,
+                         help="explain against the graph(s) torch.compile hands a pass at this stage (needs "
+                              "example_inputs(); 'dynamo' is what a backend receives)")
     explain.set_defaults(run=cmd_explain)
 
     check = sub.add_parser("check",
@@ -354,6 +383,11 @@ def build_parser() -> argparse.ArgumentParser:
     lint.add_argument("paths", nargs="*", metavar="PATH", help="rule files or directories (default: shipped)")
     lint.set_defaults(run=cmd_lint)
     return parser
+
+
+#: ``explain --stage``: Inductor's pass stages (``fxrewrite.inductor.STAGES``) and ``dynamo``; spelt
+#: out here so that ``fxrewrite --help`` does not import torch.
+_STAGE_NAMES = ("dynamo", "pre_grad", "joint", "joint_post", "post_grad", "post_grad_post")
 
 
 def _count(text: str) -> int:

@@ -52,7 +52,8 @@ from .errors import ArgumentError, RewriteError
 from .report import Report, RuleStats
 from .rule import Rule, RuleSet, RulesLike, as_ruleset
 
-__all__ = ["STAGES", "RuleBackend", "RulePass", "backend", "compile_options", "fingerprint", "inductor_pass"]
+__all__ = ["STAGES", "RuleBackend", "RulePass", "backend", "compile_options", "fingerprint", "inductor_pass",
+           "stage_graphs"]
 
 logger = logging.getLogger(__name__)
 
@@ -314,6 +315,102 @@ def _inline(graph: fx.Graph, node: Node, sub: fx.Graph, inputs: Sequence[Node]) 
             user.replace_all_uses_with(result[user.args[1]])  # getitem(node, i) users of a tuple result
             graph.erase_node(user)
     graph.erase_node(node)
+
+
+# ---- the graphs a stage is handed --------------------------------------------------------------
+
+
+class _Captured(Exception):
+    """Raised by the capturing pass once it has copied its graph: the rest of the compile (and its
+    C++ code generation) is not needed to look at a stage's graph."""
+
+
+class _CapturingPass(CustomGraphPass):
+    """Copies every graph it is handed, then stops that compile."""
+
+    def __init__(self) -> None:
+        self.graphs: list[fx.GraphModule] = []
+
+    def __call__(self, graph: fx.Graph) -> None:
+        self.graphs.append(_copied(graph))
+        raise _Captured
+
+    def uuid(self) -> None:  # no uuid: Inductor bypasses its FX graph cache, so the pass always runs
+        return None
+
+
+def _copied(graph: fx.Graph) -> fx.GraphModule:
+    """A GraphModule over a copy of ``graph`` (node metadata shared: fake values stay readable),
+    its attributes taken from the module owning ``graph``."""
+    new = fx.Graph()
+    env: dict[Node, Node] = {}
+    new.output(new.graph_copy(graph, env))
+    owner = graph.owning_module if graph.owning_module is not None else torch.nn.Module()
+    return fx.GraphModule(owner, new)
+
+
+def stage_graphs(model: Callable[..., Any], example_inputs: Sequence[Any], *, stage: str = "pre_grad") -> list[
+        fx.GraphModule]:
+    """The graphs ``torch.compile(model)`` hands a custom pass at Inductor's ``stage`` (see
+    :data:`STAGES`; ``"dynamo"``: the graph a backend receives), captured while compiling
+    ``model(*example_inputs)``, one per graph (a graph break makes several). Hand one to
+    :func:`fxrewrite.explain` to see why a rule does or does not fire where a pass would run it.
+
+    Each graph's compile stops once the graph is copied (nothing is code-generated) and the graph
+    runs eagerly; nothing is left installed. Dynamo's caches are reset before and after, so the
+    graphs are always captured afresh. Pre-grad and ``dynamo`` graphs keep Dynamo's fake values (``meta["example_value"]``),
+    ATen-stage graphs theirs (``meta["val"]``), so guards can read shapes and dtypes.
+
+    >>> import torch, fxrewrite
+    >>> (gm,) = stage_graphs(lambda x: x * torch.sigmoid(x), (torch.randn(4),), stage="pre_grad")
+    >>> [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    [<built-in method sigmoid of type object at ...>, <built-in function mul>]
+    """
+    if stage != "dynamo" and stage not in STAGES:
+        raise ArgumentError(f"stage_graphs(stage={stage!r}): unknown stage; use 'dynamo' or one of "
+                            f"{', '.join(map(repr, STAGES))}.")
+    capture = _CapturingPass()
+    torch._dynamo.reset()
+    try:
+        with _quiet_about_the_capturing_pass():
+            torch.compile(model, backend=_capturing_backend(capture, stage))(*example_inputs)
+    finally:
+        torch._dynamo.reset()
+    return capture.graphs
+
+
+def _capturing_backend(capture: _CapturingPass, stage: str) -> Callable[..., Any]:
+    """A backend that compiles each graph with Inductor, the capturing pass installed at
+    ``stage``, until the pass has its copy; then runs that graph eagerly, so that Dynamo goes on
+    to the next graph (after a graph break) as usual."""
+    def compiler(gm: fx.GraphModule, inputs: Sequence[Any]) -> Any:
+        if stage == "dynamo":
+            capture.graphs.append(_copied(gm.graph))
+            return gm.forward
+        from torch._inductor.compile_fx import compile_fx
+
+        before = len(capture.graphs)
+        try:
+            with torch._inductor.config.patch({STAGES[stage]: capture, "fx_graph_cache": False}):
+                return compile_fx(gm, inputs)
+        except Exception:
+            if len(capture.graphs) > before:  # stopped by the pass, its graph copied
+                return gm.forward
+            raise
+
+    return compiler
+
+
+@contextlib.contextmanager
+def _quiet_about_the_capturing_pass() -> Iterator[None]:
+    """Inductor warns that a pass without a uuid bypasses its cache: that is what is wanted here."""
+    codecache = logging.getLogger("torch._inductor.codecache")
+    level = codecache.level
+    codecache.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        codecache.setLevel(level)
 
 
 # ---- the backend ------------------------------------------------------------------------------

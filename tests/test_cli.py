@@ -418,6 +418,53 @@ def test_output_with_export_may_name_the_program_file_and_is_checked_before_rewr
     assert code == 2 and "rewrite(s)" not in out  # a bad folder name too: refused before the work
 
 
+GATED = """
+import torch
+
+
+class Gated(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return -(-(y * torch.sigmoid(y))) + 1
+
+
+def model():
+    return Gated().eval()
+
+
+def example_inputs():
+    return (torch.randn(4, 8),)
+"""
+
+SILU_NEG = ('rule silu:\n    x * torch.sigmoid(x) => F.silu(x)\n\n'
+            'rule neg_neg:\n    torch.neg(torch.neg(x)) => x\n')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("stage", "written"), [("pre_grad", "operator.mul"), ("post_grad", "aten.mul.Tensor")])
+def test_explain_stage_explains_the_graph_a_compile_pass_is_handed(project, stage, written):
+    (project / "gated.py").write_text(GATED)
+    (project / "silu.fxr").write_text(SILU_NEG)
+    code, out, err = run("explain", "gated.py:model", "--rules", "silu.fxr", "--stage", stage)
+    assert (code, err) == (0, ""), out
+    lines = out.splitlines()
+    assert lines[0].startswith(f"(explained against graph 1 of 1 torch.compile hands a pass at stage '{stage}', ")
+    assert "rule silu (" in out and "1 match(es) among 1 candidate(s)" in out
+    assert f"miss at 'neg' (neg = {written.replace('mul.Tensor', 'neg.default').replace('mul', 'neg')}(mul))" in out
+
+
+def test_explain_stage_needs_example_inputs_and_no_export(project):
+    code, _, err = run("explain", "net.py:model", "--rules", "neg.fxr", "--stage", "pre_grad", "--export")
+    assert code == 2 and "drop --export and --shapes" in err
+    (project / "bare.py").write_text("import torch\nmodel = torch.nn.ReLU()\n")
+    code, _, err = run("explain", "bare.py:model", "--rules", "neg.fxr", "--stage", "pre_grad")
+    assert code == 2 and "--stage needs example inputs" in err
+
+
 # ---- bad targets and rule files on the command line ---------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ compared with eager by ``torch.testing.assert_close``.
 from __future__ import annotations
 
 import collections
+import operator
 import shutil
 import subprocess
 import sys
@@ -510,3 +511,45 @@ def test_gpt2_eager_attention_becomes_sdpa_inside_torch_compile():
                                    rtol=1e-4, atol=1e-5)
     assert backend.report.applied == {"hf_attention": 2}
     assert graphs[0]["scaled_dot_product_attention"] == 2 and graphs[0]["softmax"] == 0
+
+
+# -- the graphs a stage is handed, for explain ---------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("stage", "mul"), [("dynamo", operator.mul), ("pre_grad", operator.mul),
+                                            ("post_grad", torch.ops.aten.mul.Tensor)])
+def test_stage_graphs_are_what_a_pass_at_that_stage_is_handed_and_explain_reads_them(stage, mul):
+    from fxrewrite.inductor import stage_graphs
+
+    (gm,) = stage_graphs(gated, (X, W), stage=stage)
+    assert mul in {n.target for n in gm.graph.nodes if n.op == "call_function"}
+    gm.graph.lint()
+    explained = fxrewrite.explain(gm, RULES)
+    assert len(explained["silu"].matches) == 1 and len(explained["neg_neg"].matches) == 1
+    typed = Rule.from_functions(lambda x: x * torch.sigmoid(x), lambda x: F.silu(x), name="silu_f32",
+                                where=lambda m: m["x"].dtype == torch.float32)  # reads the fake values
+    assert len(fxrewrite.explain(gm, typed)["silu_f32"].matches) == 1
+    assert torch._inductor.config.pre_grad_custom_pass is None  # nothing left installed
+    assert torch._inductor.config.post_grad_custom_pre_pass is None
+
+
+@pytest.mark.slow
+def test_stage_graphs_gives_one_graph_per_graph_break():
+    from fxrewrite.inductor import stage_graphs
+
+    def broken(x):
+        y = torch.relu(torch.relu(x))
+        torch._dynamo.graph_break()
+        return -(-y)
+
+    graphs = stage_graphs(broken, (torch.randn(3),), stage="pre_grad")
+    assert len(graphs) == 2
+    assert [len(fxrewrite.explain(g, NEG_NEG)["neg_neg"].matches) for g in graphs] == [0, 1]
+
+
+def test_stage_graphs_refuses_an_unknown_stage():
+    from fxrewrite.inductor import stage_graphs
+
+    with pytest.raises(ArgumentError, match="unknown stage; use 'dynamo' or one of 'pre_grad'"):
+        stage_graphs(gated, (X, W), stage="pregrad")
