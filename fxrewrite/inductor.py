@@ -358,8 +358,9 @@ def stage_graphs(model: Callable[..., Any], example_inputs: Sequence[Any], *, st
 
     Each graph's compile stops once the graph is copied (nothing is code-generated) and the graph
     runs eagerly; nothing is left installed. Dynamo's caches are reset before and after, so the
-    graphs are always captured afresh. Pre-grad and ``dynamo`` graphs keep Dynamo's fake values (``meta["example_value"]``),
-    ATen-stage graphs theirs (``meta["val"]``), so guards can read shapes and dtypes.
+    graphs are always captured afresh. Pre-grad and ``dynamo`` graphs keep Dynamo's fake values
+    (``meta["example_value"]``), ATen-stage graphs theirs (``meta["val"]``), so guards can read
+    shapes and dtypes.
 
     >>> import torch, fxrewrite
     >>> (gm,) = stage_graphs(lambda x: x * torch.sigmoid(x), (torch.randn(4),), stage="pre_grad")

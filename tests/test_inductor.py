@@ -541,7 +541,7 @@ def test_stage_graphs_gives_one_graph_per_graph_break():
     def broken(x):
         y = torch.relu(torch.relu(x))
         torch._dynamo.graph_break()
-        return -(-y)
+        return -(-y)  # noqa: B002 (two negations, on purpose)
 
     graphs = stage_graphs(broken, (torch.randn(3),), stage="pre_grad")
     assert len(graphs) == 2
