@@ -117,19 +117,6 @@ def feature_vector(vector: str, of: str, *, dim: int = -1) -> Guard:
     return _named(guard, f"feature_vector({vector}, of={of}, dim={dim})")
 
 
-def feature_length(vector: str, of: str, *, dim: int = -1) -> Guard:
-    """Strict guard: ``vector`` is 1-D and as long as dimension ``dim`` of ``of``, whatever its
-    dtype (for formulas that cast it anyway: Gemma's ``1 + w.float()``)."""
-
-    def guard(m: Match) -> bool:
-        v, t = view(m, vector), view(m, of)
-        if v is None or t is None or t.dim() == 0:
-            return False
-        return v.dim() == 1 and v.shape[0] == t.shape[dim]
-
-    return _named(guard, f"feature_length({vector}, of={of}, dim={dim})")
-
-
 def dtype_in(name: str, dtypes: tuple[torch.dtype, ...]) -> Guard:
     """Strict guard: the tensor ``name`` has one of ``dtypes`` (refuses when the graph has no dtypes)."""
 
@@ -138,17 +125,6 @@ def dtype_in(name: str, dtypes: tuple[torch.dtype, ...]) -> Guard:
         return t is not None and t.dtype in dtypes
 
     return _named(guard, f"dtype_in({name}, {', '.join(str(d).replace('torch.', '') for d in dtypes)})")
-
-
-def dtype_of(capture: str, tensor: str) -> Guard:
-    """Strict guard: the ``torch.dtype`` capture ``capture`` is the dtype of the tensor ``tensor``
-    (so a cast to it casts back to where the value came from)."""
-
-    def guard(m: Match) -> bool:
-        t = view(m, tensor)
-        return t is not None and m[capture] == t.dtype
-
-    return _named(guard, f"{capture} == {tensor}.dtype")
 
 
 def sqrt(d: Any) -> Any:

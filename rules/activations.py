@@ -11,7 +11,7 @@ guard when the graph has dtypes, the declared domain otherwise (see _fxrewrite_s
 
 transformers' activations: ``gelu_new`` (NewGELUActivation), GELUTanh's Python form and
 AccurateGELUActivation are the formula ``gelu_tanh`` matches; FastGELUActivation
-(``x * 0.7978845608 * (1 + 0.044715 * x * x)`` inside the tanh) is ``gelu_tanh_fast``;
+(``x * 0.7978845608 * (1 + 0.044715 * x * x)`` inside the tanh) is ``gelu_tanh_fast`` (activations.fxr);
 ``gelu_pytorch_tanh``, ``gelu`` and ``silu`` call the torch function already.
 
 No rule, on purpose:
@@ -77,26 +77,6 @@ def gelu_tanh(x, half: float, one: float, c: float, k: float, p: float):
 
 @gelu_tanh.replacement
 def gelu_tanh(x, half: float, one: float, c: float, k: float, p: float):  # noqa: F811
-    return F.gelu(x, approximate="tanh")
-
-
-_GELU_FAST_GUARDS = (
-    literal_equals("half", 0.5), literal_equals("one", 1), literal_equals("one_", 1),
-    literal_equals("c", _SQRT_2_OVER_PI, rel=1e-6), literal_equals("k", 0.044715, rel=1e-6), floating("x"),
-)
-
-
-@fxrewrite.rule(where=_GELU_FAST_GUARDS, tolerance={"rtol": 1e-5, "atol": 1e-5},
-                domain={**_FLOAT, "min_value": -1e3, "max_value": 1e3,
-                        "literals": {"half": (0.5,), "one": (1, 1.0), "one_": (1, 1.0), "c": (0.7978845608,),
-                                     "k": (0.044715,)}})
-def gelu_tanh_fast(x, half: float, one: float, c: float, one_: float, k: float):
-    "Replaces 0.5 * x * (1 + tanh(x * sqrt(2 / pi) * (1 + 0.044715 * x * x))) (transformers' FastGELUActivation) by gelu(x, approximate='tanh')."
-    return half * x * (one + torch.tanh(x * c * (one_ + k * x * x)))
-
-
-@gelu_tanh_fast.replacement
-def gelu_tanh_fast(x, half: float, one: float, c: float, one_: float, k: float):  # noqa: F811
     return F.gelu(x, approximate="tanh")
 
 

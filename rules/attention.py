@@ -25,8 +25,8 @@ the domain (finite masks) leaves such rows out. Two additive terms (T5's positio
 rounded in another order: declared tolerance).
 
 Boolean masks. ``where(c, scores, m)`` and ``scores.masked_fill(c, m)`` before the softmax are
-first turned into an additive mask (``scores + where(c, 0, m)``), which the rules above then
-take: exactly the same values when ``m`` is ``-inf`` or at most ``-1e30`` (``scores + m`` rounds to
+first turned into an additive mask (``scores + where(c, 0, m)``, rules in attention.fxr), which
+the rules here then take: exactly the same values when ``m`` is ``-inf`` or at most ``-1e30`` (``scores + m`` rounds to
 ``m`` for any score below 1e22 in float32), including a row masked entirely, where both give
 uniform weights (finite ``m``) or nan (``-inf``). A smaller ``m`` (``-1e4``, ``-1e9``) is not absorbed
 (a fully masked row would change from uniform weights to the softmax of its scores): no rule.
@@ -270,48 +270,3 @@ def attention_masked_two_terms(q, k, v, bias, mask, s: float):
 @attention_masked_two_terms.replacement
 def attention_masked_two_terms(q, k, v, bias, mask, s: float):  # noqa: F811
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias + mask, scale=float(s))
-
-
-# ---- boolean masks, turned into additive ones ------------------------------------------------------
-# They leave softmax(scores + mask) @ v, which the rules above take: below those (they cannot match
-# the same nodes anyway), above the small rules, which must not re-spell pieces of the block first.
-# `@ v` keeps them to attention: elsewhere the additive form is one more op for nothing. The zero
-# is v's (v has the scores' dtype): built from the scores it would be a second use of them, which
-# keeps the attention rules from taking the block.
-
-
-def _absorbing(name: str):
-    def guard(m: fxrewrite.Match) -> bool:
-        return m[name] == -math.inf or (math.isfinite(m[name]) and m[name] <= _ABSORBING)
-
-    guard.__name__ = guard.__qualname__ = f"{name} is -inf or <= {_ABSORBING:g}"
-    return guard
-
-
-_ABSORBING = -1e30
-_BOOL_MASK_PRIORITY = 5
-_BOOL_MASK_DOMAIN = {**_DOMAIN, "shapes": "broadcast", "mixed_dtypes": True,
-                     "literals": {"m": (-math.inf, torch.finfo(torch.float32).min, _ABSORBING)},
-                     "inputs": {"c": {"dtypes": (torch.bool,)}}}
-
-
-@fxrewrite.rule(priority=_BOOL_MASK_PRIORITY, where=_absorbing("m"), domain=_BOOL_MASK_DOMAIN)
-def attention_where_mask_to_additive(x, v, c, m: float):
-    "Replaces softmax(where(c, x, m), -1) @ v by softmax(x + where(c, 0, m), -1) @ v when m is -inf or <= -1e30 (x + m rounds to m)."
-    return torch.softmax(torch.where(c, x, m), -1) @ v
-
-
-@attention_where_mask_to_additive.replacement
-def attention_where_mask_to_additive(x, v, c, m: float):  # noqa: F811
-    return torch.softmax(x + torch.where(c, v.new_zeros(()), m), -1) @ v
-
-
-@fxrewrite.rule(priority=_BOOL_MASK_PRIORITY, where=_absorbing("m"), domain=_BOOL_MASK_DOMAIN)
-def attention_masked_fill_to_additive(x, v, c, m: float):
-    "Replaces softmax(x.masked_fill(c, m), -1) @ v by softmax(x + where(c, m, 0), -1) @ v when m is -inf or <= -1e30 (x + m rounds to m)."
-    return torch.softmax(x.masked_fill(c, m), -1) @ v
-
-
-@attention_masked_fill_to_additive.replacement
-def attention_masked_fill_to_additive(x, v, c, m: float):  # noqa: F811
-    return torch.softmax(x + torch.where(c, m, v.new_zeros(())), -1) @ v

@@ -24,8 +24,7 @@ import torch
 import torch.nn.functional as F
 
 import fxrewrite
-from _fxrewrite_stdlib import (FLOATS, dtype_in, dtype_of, feature_length, feature_vector, floating, positive,
-                               rank_at_least)
+from _fxrewrite_stdlib import FLOATS, dtype_in, feature_vector, floating, positive, rank_at_least
 
 _NORM = {"rtol": 1e-4, "atol": 1e-4}
 _NORM_DOMAIN = {"dtypes": FLOATS, "ranks": (1, 4), "special_values": False, "min_value": -100.0,
@@ -148,7 +147,8 @@ def rms_norm_from_sqrt(x, eps: float):  # noqa: F811
 
 
 # ---- RMS norm computed in float32 (Llama, Gemma, T5) ------------------------------------------
-# Hugging Face's RMSNorms upcast a float16/bfloat16 input to float32, normalize, and cast back.
+# Hugging Face's RMSNorms upcast a float16/bfloat16 input to float32, normalize, and cast back
+# (Gemma's, whose guards are plain conditions, is in normalization.fxr).
 # F.rms_norm computes in float32 for such inputs too (bitwise the same as
 # ``(x.float() * rsqrt(...)).to(x.dtype)`` on CPU), but multiplies by its weight before the one
 # rounding, where Llama and T5 round first and multiply in the half dtype: so for half inputs the
@@ -156,7 +156,6 @@ def rms_norm_from_sqrt(x, eps: float):  # noqa: F811
 # (a float64 input loses the float32 rounding of the formula: more accurate, within tolerance).
 # In float32 graphs the casts are no-ops; these rules fire there too.
 
-_UPCAST = (torch.float32, torch.float16, torch.bfloat16)
 _UPCAST_DOMAIN = {**_AFFINE_DOMAIN, "dtypes": (*FLOATS, torch.bfloat16, torch.float16)}
 
 
@@ -181,18 +180,6 @@ def rms_norm_upcast_affine(x, w, eps: float):
 @rms_norm_upcast_affine.replacement
 def rms_norm_upcast_affine(x, w, eps: float):  # noqa: F811
     return _weight_times_rms_norm(x, w, eps)
-
-
-@fxrewrite.rule(where=(*_NORM_GUARDS, feature_length("w", of="x")), tolerance=_NORM, domain=_UPCAST_DOMAIN,
-                priority=2)
-def rms_norm_upcast_gemma(x, w, one: float, eps: float):
-    "Replaces (x.float() * rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps) * (1 + w.float())).type_as(x) (Gemma's RMSNorm) by rms_norm(x.float(), (x.shape[-1],), 1 + w.float(), eps).type_as(x) (needs shapes)."
-    return (_rms_norm_float32(x, eps) * (one + w.to(torch.float32))).type_as(x)
-
-
-@rms_norm_upcast_gemma.replacement
-def rms_norm_upcast_gemma(x, w, one: float, eps: float):  # noqa: F811
-    return F.rms_norm(x.to(torch.float32), _last_dim(x), one + w.to(torch.float32), eps).type_as(x)
 
 
 def _rms_norm_t5(x, eps):
@@ -307,20 +294,3 @@ def log_softmax_from_log(x, d: int):
 @log_softmax_from_log.replacement
 def log_softmax_from_log(x, d: int):  # noqa: F811
     return torch.log_softmax(x, d)
-
-
-# softmax(x, dtype=float32) of a float16/bfloat16 x computes in float32 and returns float32; cast
-# back to x's dtype it is softmax(x), which computes a half input in float32 too and rounds once:
-# bitwise the same on CPU along the last dimension, within one unit of the half dtype's last place
-# along others (the dtype's default tolerance, none declared). Not for float64 x, which the formula
-# rounds to float32.
-@fxrewrite.rule(where=(dtype_in("x", _UPCAST), dtype_of("t", "x")),
-                domain={**_SOFTMAX_DOMAIN, "dtypes": _UPCAST, "literals": {"t": _UPCAST}})
-def softmax_upcast(x, d: int, t: torch.dtype):
-    "Replaces softmax(x, d, dtype=torch.float32).to(x.dtype) by softmax(x, d) for float32/float16/bfloat16 x (a half softmax computes in float32)."
-    return torch.softmax(x, d, dtype=torch.float32).to(t)
-
-
-@softmax_upcast.replacement
-def softmax_upcast(x, d: int, t: torch.dtype):  # noqa: F811
-    return torch.softmax(x, d)

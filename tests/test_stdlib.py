@@ -187,7 +187,7 @@ CASES: dict[str, Case] = {
     "gelu_tanh": fn(lambda x: 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * torch.pow(x, 3)))),
                     x_(4, 4)),
     "gelu_tanh_fast": fn(lambda x: 0.5 * x * (1.0 + torch.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x))),
-                         x_(4, 4)),
+                         x_(4, 4), shapes=True),
     "gelu_erf": fn(lambda x: x * 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0))), x_(4, 4)),
     "gelu_erf_scaled": fn(lambda x: 0.5 * x * (1 + torch.erf(x * 0.7071067811865476)), x_(4, 4)),
     "hardswish_from_relu6": fn(lambda x: x * F.relu6(x + 3.0) / 6.0, x_(4, 4)),
