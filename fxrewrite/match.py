@@ -338,7 +338,9 @@ class _Search:
             if not self.options.variables_bind_literals and result_kind(gv) not in ("tensor", "unknown"):
                 return self.refuse(pn, gv, lambda: f"'{param.name}' is a tensor variable; node '{gv.name}' computes "
                                                    f"a Python value")
-            return gv
+            # the value itself, not an identity in front of it (a no-op cast the match may also
+            # compute, or that stays for other users)
+            return through_identities(gv) if self.options.canonical else gv
         if param.accepts_literal(gv) or (param.kind == "tensor" and self.options.variables_bind_literals):
             return gv
         return self.refuse(pn, gv, lambda: f"'{param.name}' cannot bind the constant {gv!r} (annotate it, e.g. "

@@ -135,15 +135,16 @@ def expm1_from_exp(x, one: float):  # noqa: F811
     return torch.expm1(x)
 
 
-@fxrewrite.rule(where=(literal_equals("one", 1), floating("x")), tolerance=_SMOOTH,
-                domain={**FLOAT_DOMAIN, "literals": {"one": (1, 1.0)}})
-def rsqrt_from_sqrt(x, one: float):
+# 1 / y is reciprocal(y) to the matcher, however the 1 is written (1, 1.0) and in exported
+# graphs (aten.reciprocal): no literal capture needed
+@fxrewrite.rule(where=floating("x"), tolerance=_SMOOTH, domain=FLOAT_DOMAIN)
+def rsqrt_from_sqrt(x):
     "Replaces 1 / sqrt(x) by rsqrt(x)."
-    return one / torch.sqrt(x)
+    return 1 / torch.sqrt(x)
 
 
 @rsqrt_from_sqrt.replacement
-def rsqrt_from_sqrt(x, one: float):  # noqa: F811
+def rsqrt_from_sqrt(x):  # noqa: F811
     return torch.rsqrt(x)
 
 
