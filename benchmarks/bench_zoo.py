@@ -466,13 +466,18 @@ def measure_rewrite(sample: Sample, library: fxrewrite.RuleSet, row: Row) -> fxr
     row.activations_before = sum(count_ops(before, ACTIVATION_OPS).values())
     row.activations = sum(count_ops(after, ACTIVATION_OPS).values()) - row.activations_before
     row.fired = {name: n for name, n in result.report.applied.items() if n}
-    expected, actual = _run(before, sample), _run(result.exported_program.module(), sample)
-    row.max_diff = float((actual - expected).abs().max())
+    expected = _run(before, sample)
     try:
-        torch.testing.assert_close(actual, expected)
-        row.exact = True
-    except AssertionError as exc:
-        row.error = f"numerics: {str(exc).splitlines()[0]}"
+        actual = _run(result.exported_program.module(), sample)
+    except Exception as exc:  # the rewrite made a program that does not run: reported, exit code 1
+        row.error = f"the rewritten program raised {type(exc).__name__}: {str(exc).splitlines()[0]}"
+    else:
+        row.max_diff = float((actual - expected).abs().max())
+        try:
+            torch.testing.assert_close(actual, expected)
+            row.exact = True
+        except AssertionError as exc:
+            row.error = f"numerics: {str(exc).splitlines()[0]}"
     if row.converted + len(left) != row.attention:
         row.error += f" attention count: {row.converted} converted + {len(left)} left != {row.attention}"
     row.left = why_left(after, left, attention_rules(library))
@@ -585,7 +590,9 @@ class Lowered:
     (the library re-spelt its neighbourhood, or a guard now refuses). The rest of the difference
     is *subsumed*: another rule of the library (higher priority, or larger) rewrote those nodes
     itself (the attention rules take the inactive dropout inside the block; the affine RMSNorm
-    rule takes the plain one's nodes)."""
+    rule takes the plain one's nodes). Subsumed is judged by the match's anchor node being gone
+    from the rewritten graph: a rule that only re-spells that node (replaces it by an equal node
+    the rule does not match) would starve the rule and still count as subsuming it."""
 
     alone: int
     together: int
@@ -647,7 +654,8 @@ def _opt(value: int | None) -> str:
 def table(rows: Sequence[Row], skipped: dict[str, str]) -> str:
     cells = [_HEADER]
     for r in rows:
-        numerics = f"{'exact' if r.exact else 'DIFF'} {r.max_diff:.1e}"
+        numerics = ("RAISED" if r.error.startswith("the rewritten program raised") else
+                    f"{'exact' if r.exact else 'DIFF'} {r.max_diff:.1e}")
         cells.append((r.arch, r.family, str(r.nodes), f"{r.converted}/{r.attention}", _opt(r.inductor_attention),
                       f"+{r.norms}", f"+{r.activations}", str(sum(r.fired.values())), f"{r.rewrite_ms:.0f}",
                       numerics))
