@@ -29,7 +29,7 @@ from .errors import DidNotConverge, FxRewriteError, MetadataError, TargetError
 if TYPE_CHECKING:  # the commands import these when they run (they import torch)
     import torch
 
-    from .report import Report
+    from .report import Report, RewriteResult
     from .rule import RuleSet
     from .target import Target
 
@@ -42,15 +42,27 @@ _METADATA_HINT = "add --shapes (shapes from example_inputs() next to the target)
 def _load_rules(paths: Sequence[str] | None, added: Sequence[str] | None = None) -> RuleSet:
     """The rules of ``paths`` (default: the standard library) followed by those of ``added``
     (``--add-rules``); a file given twice loads once."""
+    return _load_rules_and_added(paths, added)[0]
+
+
+def _load_rules_and_added(paths: Sequence[str] | None,
+                          added: Sequence[str] | None) -> tuple[RuleSet, tuple[str, ...]]:
+    """:func:`_load_rules`, and the names of the rules that came from ``added`` only."""
     from .loader import load_rules, standard_rules_dir
     from .rule import RuleSet
 
-    everything = [*(paths or [str(standard_rules_dir())]), *(added or [])]
+    base = [*(paths or [str(standard_rules_dir())])]
+    everything = [*base, *(added or [])]
     unique = {str(Path(p).resolve()): p for p in reversed(everything)}  # the same file given twice loads once
+    in_base = {str(Path(p).resolve()) for p in base}
     rules = RuleSet(())
-    for path in reversed(unique.values()):
-        rules = rules + load_rules(path)
-    return rules
+    names: list[str] = []
+    for key, path in reversed(unique.items()):
+        loaded = load_rules(path)
+        rules = rules + loaded
+        if key not in in_base:
+            names.extend(loaded.names)
+    return rules, tuple(names)
 
 
 def _shapes(target: Target, wanted: bool) -> tuple[Any, ...] | None:
@@ -105,10 +117,11 @@ def _print_report(report: Report, out: TextIO, *, all_rows: bool) -> None:
 def cmd_apply(args: argparse.Namespace, out: TextIO) -> int:
     from .codegen import annotated_code, code_diff
     from .rewrite import rewrite
+    from .rule import RuleSet
     from .target import exported_program, load_target, traced_or_exported
 
     target = load_target(args.target)
-    rules = _load_rules(args.rules, args.add_rules)
+    rules, added = _load_rules_and_added(args.rules, args.add_rules)
     if args.output:
         _check_output(args.output, export=args.export)  # before the work, not after it
     program = exported_program(target) if args.export else None
@@ -117,7 +130,10 @@ def cmd_apply(args: argparse.Namespace, out: TextIO) -> int:
     shapes = _shapes(target, args.shapes) if program is None else None  # an exported graph has them
     result = rewrite(program if program is not None else before, rules, example_inputs=shapes,
                      max_rewrites=args.max_rewrites, on_progress=_progress_display(len(before.graph.nodes)))
-    _print_report(result.report, out, all_rows=args.all)
+    unfired = [name for name in added if not (result.report.stats[name].applied or result.report.stats[name].rejected)]
+    _print_report(_without(result.report, unfired), out, all_rows=args.all)
+    if unfired:
+        _print_unfired(args, RuleSet(tuple(rules[name] for name in unfired)), result, out)
     if args.diff:
         print(code_diff(before, result.module, fromfile=f"{args.target} (before)", tofile="after"), file=out)
     if args.show_code:
@@ -129,6 +145,43 @@ def cmd_apply(args: argparse.Namespace, out: TextIO) -> int:
     if args.check and not _check(target, result.module, out):
         return 1
     return 0
+
+
+def _without(report: Report, names: Sequence[str]) -> Report:
+    """``report`` without the rows of ``names`` (shown on their own, not counted in its summary)."""
+    import attrs
+
+    return attrs.evolve(report, stats={k: v for k, v in report.stats.items() if k not in names})
+
+
+def _print_unfired(args: argparse.Namespace, unfired: RuleSet, result: RewriteResult, out: TextIO) -> None:
+    """Your rules (``--add-rules``) that did not fire, each with its closest miss on the graph as
+    the rewrite left it, and the ``explain`` command that shows every miss."""
+    from .explain import explain
+
+    explained = explain(result.module, unfired, misses=1)
+    for rule, why in zip(unfired, explained.rules):
+        if why.misses:
+            closest = f"closest {why.misses[0]}"  # "closest miss at 'node' (...): reason"
+        elif not why.candidates:
+            closest = f"no node of the graph computes {why.anchor}, the op its pattern ends with"
+        else:
+            closest = f"it matches at {', '.join(repr(m) for m in why.matches)} but was not applied"
+        tried = result.report.stats[rule.name].attempts
+        print(f"your rule {rule.name} ({_short(rule.origin)}) did not fire (tried at {tried} node(s)): {closest}",
+              file=out)
+    rules = " ".join(f"--rules {p}" for p in args.rules or ())
+    added = " ".join(f"--add-rules {p}" for p in args.add_rules)
+    names = " ".join(f"--rule {r.name}" for r in unfired)
+    command = " ".join(part for part in ("fxrewrite explain", args.target, rules, added, names,
+                                         "--export" if args.export else "", "--after-others") if part)
+    print(f"(every miss: {command})", file=out)
+
+
+def _short(origin: str) -> str:
+    """``origin`` relative to the current directory when it lies below it."""
+    here = str(Path.cwd()) + "/"
+    return origin.removeprefix(here)
 
 
 #: What ``-o OUT`` writes with ``--export``: the rewritten ExportedProgram, ``torch.export.save``d.

@@ -465,6 +465,34 @@ def test_explain_stage_needs_example_inputs_and_no_export(project):
     assert code == 2 and "--stage needs example inputs" in err
 
 
+MY_RULES = ('rule neg_neg_mine "Replaces -(-x) by x.":\n    torch.neg(torch.neg(x)) => x\n\n'
+            'rule mul_three_mine:\n    x * 3 => x + x + x\n\n'
+            'rule exp_log_mine:\n    torch.exp(torch.log(x)) => x\n')
+
+
+def test_apply_names_each_added_rule_that_did_not_fire_with_its_closest_miss(project):
+    (project / "my_rules").mkdir()
+    (project / "my_rules" / "mine.fxr").write_text(MY_RULES)
+    code, out, err = run("apply", "net.py:model", "--rules", "neg.fxr", "--add-rules", "my_rules")
+    assert (code, err) == (0, ""), out
+    lines = out.splitlines()
+    table = rows(out)
+    assert table["neg_neg"][0] == "1" and "neg_neg_mine" not in table  # the shipped one fired first
+    # exp_log (of neg.fxr) did not match and is folded into the summary; the added rules are not
+    assert "; 1 other rule(s) did not match" in out
+    mine = [line for line in lines if line.startswith("your rule ")]
+    assert [line.split()[2] for line in mine] == ["neg_neg_mine", "mul_three_mine", "exp_log_mine"]
+    assert mine[0] == ("your rule neg_neg_mine (my_rules/mine.fxr:1) did not fire (tried at 1 node(s)): no node of "
+                       "the graph computes aten.neg, the op its pattern ends with")  # neg_neg took them
+    assert ("closest miss at 'mul' (mul = operator.mul(relu_1, 2)): argument 2 differs: pattern has 3, graph has 2"
+            in mine[1])
+    assert mine[2].endswith("no node of the graph computes aten.exp, the op its pattern ends with")
+    assert lines[-1] == ("(every miss: fxrewrite explain net.py:model --rules neg.fxr --add-rules my_rules "
+                         "--rule neg_neg_mine --rule mul_three_mine --rule exp_log_mine --after-others)")
+    code, out, _ = run("apply", "net.py:model", "--rules", "neg.fxr", "--rules", "my_rules")
+    assert code == 0 and "your rule" not in out  # only --add-rules rules are yours
+
+
 # ---- bad targets and rule files on the command line ---------------------------------------------------------
 
 
