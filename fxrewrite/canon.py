@@ -990,6 +990,8 @@ def lined_up_arguments(pn: Node, gn: Node, canonical: bool = True
         meaning = _meaning_name(pn, gn)
         if meaning is not None:
             return _lined_up_by_meaning(meaning, pn, gn)
+        if pn.target is operator.truediv and gn.target is operator.truediv and not gn.kwargs and not pn.kwargs:
+            return _python_division(pn, gn)
     p_args, p_kwargs, g_args, g_kwargs = pn.args, pn.kwargs, gn.args, gn.kwargs
     same_layout = len(p_args) == len(g_args) and p_kwargs.keys() == g_kwargs.keys()
     if same_layout and (pn.target == gn.target or not canonical or pn.op in ("call_module", "get_attr")):
@@ -1010,11 +1012,31 @@ def lined_up_arguments(pn: Node, gn: Node, canonical: bool = True
     return None
 
 
+def _python_division(pn: Node, gn: Node) -> tuple[tuple[str, ...], tuple[Any, ...], tuple[Any, ...]] | None:
+    """Two divisions ``a / b``, lined up as written; when the graph's computes a Python number
+    (``1 / math.sqrt(d)``), an int constant is its float on both sides: true division of numbers
+    gives the same float for ``1`` and ``1.0``."""
+    if len(pn.args) != 2 or len(gn.args) != 2:
+        return None
+    names = _positional_names(2)
+    if result_kind(gn) != "value":
+        return names, pn.args, gn.args
+    return names, tuple(_as_float(v) for v in pn.args), tuple(_as_float(v) for v in gn.args)
+
+
+def _as_float(value: Any) -> Any:
+    exact = isinstance(value, int) and not isinstance(value, bool) and abs(value) <= 2 ** 53
+    return float(value) if exact else value
+
+
 def _meaning_name(pn: Node, gn: Node) -> str | None:
     """The op two calls are compared as by meaning (see :func:`by_meaning`), or ``None`` when
     they compare as written or by schema only: the pattern's op when it has dims or a ``dtype=``
     to read by meaning, or when either call is another op respelled."""
     p_key = node_key(pn)
+    if p_key == _GETITEM_KEY:
+        respelled_either = p_key != op_key_of(pn.op, pn.target) or node_key(gn) != op_key_of(gn.op, gn.target)
+        return "getitem" if respelled_either and node_key(gn) == p_key else None
     if p_key[0] != "aten":  # type: ignore[index]
         return None
     name = p_key[1]  # type: ignore[index]
@@ -1039,6 +1061,8 @@ def _named_arguments(node: Node) -> dict[str, Any] | None:
     found = respelled(node) if op_key_of(node.op, node.target) in _RESPELLABLE_KEYS else None
     if found is not None:
         return found[1]
+    if node.op == "call_function" and node.target is operator.getitem and len(node.args) == 2 and not node.kwargs:
+        return {"#0": node.args[0], "#1": node.args[1]}
     return canonical_arguments(node.op, node.target, node.args, node.kwargs)
 
 
@@ -1430,7 +1454,7 @@ def node_key(node: Node) -> Hashable:
     if key in _RESPELLABLE_KEYS:
         found = respelled(node)
         if found is not None:
-            return ("aten", found[0])
+            return _respelled_key(found[0])
     return key
 
 
@@ -1443,8 +1467,15 @@ def node_keys(node: Node, canonical: bool = True) -> tuple[Hashable, ...]:
     if canonical and key in _RESPELLABLE_KEYS:
         found = respelled(node)
         if found is not None:
-            return (("aten", found[0]), key)
+            return (_respelled_key(found[0]), key)
     return (key,)
+
+
+_GETITEM_KEY: Hashable = ("call_function", operator.getitem)
+
+
+def _respelled_key(name: str) -> Hashable:
+    return _GETITEM_KEY if name == "getitem" else ("aten", name)
 
 
 _INPUT_KEY_DEPTH = 4  # identities looked through when collecting the keys feeding a node
@@ -1466,7 +1497,9 @@ def input_keys(node: Node) -> frozenset[Hashable]:
 def respelled(node: Node) -> tuple[str, dict[str, Any]] | None:
     """``(op, arguments)`` when ``node`` computes an ATen op under another spelling: an index
     that only inserts one dimension (``x[:, :, None]``, ``x[..., None]``) is ``unsqueeze``;
-    ``x.mT`` and a ``permute`` that swaps two dims are ``transpose``; ``1 / x`` is ``reciprocal``.
+    ``x.mT`` and a ``permute`` that swaps two dims are ``transpose``; ``1 / x`` is ``reciprocal``;
+    ``x.shape[d]`` is ``size``; the ``.values`` and ``.indices`` of a reduction's result
+    (``x.max(d).values``) are its elements 0 and 1 (``getitem``, as export writes them).
 
     >>> x = torch.fx.Graph().placeholder("x")
     >>> respelled(torch.fx.Graph().call_function(operator.getitem, (x, (slice(None), None))))
@@ -1480,6 +1513,8 @@ def respelled(node: Node) -> tuple[str, dict[str, Any]] | None:
             return None
         if attribute == "mT":
             return _matrix_transpose(source)
+        if attribute in ("values", "indices") and _returns_values_and_indices(source):
+            return "getitem", {"#0": source, "#1": 0 if attribute == "values" else 1}
         return ("size", {"self": source}) if attribute == "shape" else None
     name = canonical_name(node.op, node.target)
     if name == "mT" and node.args and isinstance(node.args[0], Node):
@@ -1489,6 +1524,15 @@ def respelled(node: Node) -> tuple[str, dict[str, Any]] | None:
     if name == "permute":
         return _permute_as_transpose(node)
     return None
+
+
+#: Ops returning a ``(values, indices)`` named tuple.
+_VALUES_AND_INDICES = frozenset({"max", "min", "sort", "topk", "mode", "median", "nanmedian", "kthvalue", "cummax",
+                                 "cummin", "aminmax"})
+
+
+def _returns_values_and_indices(node: Node) -> bool:
+    return node.op in ("call_function", "call_method") and canonical_name(node.op, node.target) in _VALUES_AND_INDICES
 
 
 def _matrix_transpose(source: Node) -> tuple[str, dict[str, Any]] | None:

@@ -48,15 +48,17 @@ def silu_from_sigmoid(x):  # noqa: F811 - the decorator turns the pair into one 
     return F.silu(x)
 
 
-@fxrewrite.rule(where=(literal_equals("a", 1), literal_equals("b", 1), floating("x")), tolerance=_FUSED,
-                domain={**_FLOAT, "literals": {"a": (1, 1.0), "b": (1, 1.0)}})
-def sigmoid_from_exp(x, a: float, b: float):
+# 1 / y is reciprocal(y) to the matcher (however the 1 is written, and as export writes it); the
+# 1 added to exp(-x) is a literal capture, so that 1 and 1.0 both match
+@fxrewrite.rule(where=(literal_equals("b", 1), floating("x")), tolerance=_FUSED,
+                domain={**_FLOAT, "literals": {"b": (1, 1.0)}})
+def sigmoid_from_exp(x, b: float):
     "Replaces 1 / (1 + exp(-x)) by sigmoid(x)."
-    return a / (b + torch.exp(torch.neg(x)))
+    return 1 / (b + torch.exp(torch.neg(x)))
 
 
 @sigmoid_from_exp.replacement
-def sigmoid_from_exp(x, a: float, b: float):  # noqa: F811
+def sigmoid_from_exp(x, b: float):  # noqa: F811
     return torch.sigmoid(x)
 
 

@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 
 import fxrewrite
-from _fxrewrite_stdlib import FLOATS, finite, literal_equals, rank_at_least, sqrt, view
+from _fxrewrite_stdlib import FLOATS, finite, rank_at_least, sqrt, view
 
 PRIORITY = 10
 _TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
@@ -155,16 +155,17 @@ def attention_sqrt_dim(q, k, v, t):  # noqa: F811
     return F.scaled_dot_product_attention(q, k, v, scale=1.0 / sqrt(t.size(-1)))
 
 
-@fxrewrite.rule(priority=PRIORITY, where=(literal_equals("one", 1), _RANKS), tolerance=_TOLERANCE,
-                domain={**_DIM_DOMAIN, "literals": {"one": (1.0, 1)}})
-def attention_inverse_sqrt_dim(q, k, v, t, one: float):
+# 1 / math.sqrt(...) and 1.0 / math.sqrt(...) are one division of numbers to the matcher, and
+# torch.export folds it to the constant it gives: no literal capture for the 1
+@fxrewrite.rule(priority=PRIORITY, where=_RANKS, tolerance=_TOLERANCE, domain=_DIM_DOMAIN)
+def attention_inverse_sqrt_dim(q, k, v, t):
     "Replaces softmax(q @ k.transpose(-2, -1) * (1 / math.sqrt(t.size(-1))), -1) @ v by scaled_dot_product_attention(q, k, v, scale=1 / math.sqrt(t.size(-1)))."
-    return torch.softmax(q @ k.transpose(-2, -1) * (one / math.sqrt(t.size(-1))), -1) @ v
+    return torch.softmax(q @ k.transpose(-2, -1) * (1 / math.sqrt(t.size(-1))), -1) @ v
 
 
 @attention_inverse_sqrt_dim.replacement
-def attention_inverse_sqrt_dim(q, k, v, t, one: float):  # noqa: F811
-    return F.scaled_dot_product_attention(q, k, v, scale=one / sqrt(t.size(-1)))
+def attention_inverse_sqrt_dim(q, k, v, t):  # noqa: F811
+    return F.scaled_dot_product_attention(q, k, v, scale=1 / sqrt(t.size(-1)))
 
 
 # ---- additive mask -------------------------------------------------------------------------------
@@ -234,16 +235,15 @@ def attention_masked_sqrt_dim(q, k, v, mask, t):  # noqa: F811
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / sqrt(t.size(-1)))
 
 
-@fxrewrite.rule(priority=PRIORITY, where=(literal_equals("one", 1), _mask_fits), tolerance=_TOLERANCE,
-                domain={**_MASKED_DOMAIN, "literals": {"one": (1.0, 1)}})
-def attention_masked_inverse_sqrt_dim(q, k, v, mask, t, one: float):
+@fxrewrite.rule(priority=PRIORITY, where=_mask_fits, tolerance=_TOLERANCE, domain=_MASKED_DOMAIN)
+def attention_masked_inverse_sqrt_dim(q, k, v, mask, t):
     "Replaces softmax(q @ k.transpose(-2, -1) * (1 / math.sqrt(t.size(-1))) + mask, -1) @ v by scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1 / math.sqrt(t.size(-1)))."
-    return torch.softmax(q @ k.transpose(-2, -1) * (one / math.sqrt(t.size(-1))) + mask, -1) @ v
+    return torch.softmax(q @ k.transpose(-2, -1) * (1 / math.sqrt(t.size(-1))) + mask, -1) @ v
 
 
 @attention_masked_inverse_sqrt_dim.replacement
-def attention_masked_inverse_sqrt_dim(q, k, v, mask, t, one: float):  # noqa: F811
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=one / sqrt(t.size(-1)))
+def attention_masked_inverse_sqrt_dim(q, k, v, mask, t):  # noqa: F811
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1 / sqrt(t.size(-1)))
 
 
 @fxrewrite.rule(priority=PRIORITY, where=_mask_fits, tolerance=_TOLERANCE, domain=_MASKED_DOMAIN)

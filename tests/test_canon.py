@@ -547,3 +547,25 @@ def test_a_copy_whose_source_is_written_later_is_not_seen_through():
         return c * torch.sigmoid(b)
 
     assert fires(program, silu, X) == 0
+
+
+def test_the_values_of_a_reduction_result_are_its_element_0():
+    rule = Rule.from_functions(lambda x: torch.exp(x.max(-1).values), lambda x: torch.exp(torch.amax(x, -1)),
+                               name="exp_max")
+    assert fires(lambda a: torch.exp(a.max(-1)[0]), rule, X) == 1
+    assert fires(lambda a: torch.exp(a.max(-1).values), rule, X) == 1
+    assert fires(lambda a: torch.exp(a.max(-1)[1].float()), rule, X) == 0  # the indices
+
+
+def test_python_division_of_numbers_reads_1_and_1_0_alike_but_not_tensor_division():
+    import math
+
+    rule = Rule.from_functions(lambda x, t: x * (1 / math.sqrt(t.size(-1))), lambda x, t: x * t.size(-1) ** -0.5,
+                               name="inverse_sqrt")
+    assert fires(lambda a: a * (1.0 / math.sqrt(a.size(-1))), rule, X, shapes=False) == 1
+    assert fires(lambda a: a * (1 / math.sqrt(a.size(-1))), rule, X, shapes=False) == 1
+    assert fires(lambda a: a * (2 / math.sqrt(a.size(-1))), rule, X, shapes=False) == 0
+    tensor_rule = Rule.from_functions(lambda x: torch.exp(1.0 / x), lambda x: torch.exp(1.0 / x), name="t")
+    ints = torch.arange(1, 5)
+    assert canonical_name("call_function", operator.truediv) == "div"
+    assert fires(lambda a: torch.exp(1 / a), tensor_rule, ints) == 1  # both are reciprocal(a)
