@@ -303,3 +303,52 @@ def test_most_shipped_rules_match_the_export_of_their_own_case():
             assert_rewrite_sound(program.module(), result, *inputs, **(LIBRARY[name].tolerance or {}))
             fired.append(name)
     assert len(fired) >= 120, f"{len(fired)} of {len(CASES)}: {sorted(set(CASES) - set(fired))}"
+
+
+# ---- one rule, three IRs: Hugging Face spellings under trace, export and torch.compile --------------
+
+
+def hf_style_attention(q, k, v, mask):
+    """How transformers models spell attention: positive transpose dims, an index that inserts the
+    query dim into the mask, a float32 softmax and a cast back, both no-ops in float32."""
+    scores = torch.matmul(q, k.transpose(2, 3)) * 0.25 + mask[:, :, None]
+    weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(weights, v)
+
+
+def _plain_attention(q, k, v, mask, s: float):
+    return torch.softmax(q @ k.transpose(-2, -1) * s + mask.unsqueeze(-2), -1) @ v
+
+
+def _sdpa(q, k, v, mask, s: float):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.unsqueeze(-2), scale=s)
+
+
+PLAIN_ATTENTION = Rule.from_functions(_plain_attention, _sdpa, name="plain_attention")
+HF_INPUTS = (torch.randn(2, 4, 5, 8), torch.randn(2, 4, 6, 8), torch.randn(2, 4, 6, 8), torch.randn(2, 1, 6))
+
+
+@pytest.mark.parametrize("level", ["traced", "exported"])
+def test_a_plainly_written_rule_fires_on_hf_spellings(level):
+    if level == "traced":
+        result = rewrite(hf_style_attention, PLAIN_ATTENTION, example_inputs=HF_INPUTS)
+    else:
+        result = rewrite(torch.export.export(Wrap(hf_style_attention), HF_INPUTS), PLAIN_ATTENTION)
+    assert result.report.applied["plain_attention"] == 1, result.report.reasons["plain_attention"]
+    assert "scaled_dot_product_attention" in result.code and "softmax" not in result.code
+    assert_same(result, hf_style_attention, HF_INPUTS)
+
+
+@pytest.mark.slow
+def test_a_plainly_written_rule_fires_on_hf_spellings_in_torch_compiles_pre_grad_graph():
+    from fxrewrite import inductor_pass
+    from fxrewrite.inductor import compile_options
+
+    pass_ = inductor_pass(PLAIN_ATTENTION, stage="pre_grad")
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(hf_style_attention, options={**compile_options(pass_), "fx_graph_cache": False})
+        torch.testing.assert_close(compiled(*HF_INPUTS), hf_style_attention(*HF_INPUTS))
+    finally:
+        torch._dynamo.reset()
+    assert pass_.report.applied == {"plain_attention": 1}
