@@ -671,7 +671,8 @@ def test_a_boolean_mask_whose_value_does_not_absorb_the_scores_stays():
 HF_NORMS = {
     "llama": ("llama", "LlamaRMSNorm", {torch.float32: "rms_norm_upcast_affine",
                                         torch.bfloat16: "rms_norm_upcast_affine"}),
-    "gemma": ("gemma", "GemmaRMSNorm", {torch.float32: "rms_norm_upcast_gemma", torch.bfloat16: "rms_norm_upcast_gemma"}),
+    "gemma": ("gemma", "GemmaRMSNorm", {torch.float32: "rms_norm_upcast_gemma",
+                                        torch.bfloat16: "rms_norm_upcast_gemma"}),
     "t5": ("t5", "T5LayerNorm", {torch.float32: "rms_norm_t5_affine", torch.bfloat16: "rms_norm_t5_half"}),
 }
 
