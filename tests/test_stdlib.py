@@ -745,6 +745,7 @@ HF_ATTENTION = {
     "gpt2": {},
     "bert": {"scaling": 0.25},
     "t5": {"scaling": 1.0, "position_bias": "bias"},
+    "gemma2": {"scaling": 0.25, "softcap": None},
 }
 
 
@@ -767,6 +768,21 @@ def test_library_turns_hugging_face_eager_attention_into_sdpa(name, dtype):
     assert "scaled_dot_product_attention" in result.code and "softmax" not in result.code, result.code
     close = {"rtol": 1e-4, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
     torch.testing.assert_close(result.module(*inputs), model(*inputs), **close)
+
+
+def test_soft_capped_attention_stays_eager():
+    """Gemma-2's soft-capping (tanh(scores / cap) * cap) has no place in scaled_dot_product_attention:
+    no rule may take the block (without the cap it is converted, above)."""
+    pytest.importorskip("transformers")
+    from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward
+
+    model = EagerAttention(eager_attention_forward, scaling=0.25, softcap=5.0).eval()
+    torch.manual_seed(0)
+    inputs = (*(randn(2, 2, 5, 16) * 2 for _ in range(3)), padding_mask(2, 5))
+    result = rewrite(torch.export.export(model, inputs), LIBRARY)
+    result.module.graph.lint()
+    assert "scaled_dot_product_attention" not in result.code and "tanh" in result.code
+    torch.testing.assert_close(result.module(*inputs), model(*inputs))
 
 
 # ---- the whole library on small models --------------------------------------------------------------
