@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import re
 import shutil
 import subprocess
 import sys
@@ -491,6 +492,46 @@ def test_apply_names_each_added_rule_that_did_not_fire_with_its_closest_miss(pro
                          "--rule neg_neg_mine --rule mul_three_mine --rule exp_log_mine --after-others)")
     code, out, _ = run("apply", "net.py:model", "--rules", "neg.fxr", "--rules", "my_rules")
     assert code == 0 and "your rule" not in out  # only --add-rules rules are yours
+
+
+GUARDED_RULES = """
+import torch
+import fxrewrite
+
+
+@fxrewrite.rule(where=lambda m: m["x"].dim() >= 1 and m["x"].shape[-1] % 8 == 0)
+def wide_relu(x):
+    "relu(relu(x)) where the last dimension is a multiple of 8."
+    return torch.relu(torch.relu(x))
+
+
+@wide_relu.replacement
+def wide_relu(x):
+    return torch.relu(x)
+
+
+never = fxrewrite.Rule.from_functions(lambda x: torch.neg(torch.neg(x)), lambda x: x, name="never",
+                                      where=lambda m: m["x"].dim() == 7)
+"""
+
+
+@pytest.mark.slow
+def test_check_suggests_for_an_untestable_rule_only_a_domain_that_works(project):
+    (project / "guarded.py").write_text(GUARDED_RULES)
+    code, out, _ = run("check", "guarded.py", "--examples", "10", "-j", "1")
+    assert code == 1 and "wide_relu" in out and "UNTESTABLE" in out
+    fixes = [line.split("fix:", 1)[1].strip() for line in out.splitlines() if line.strip().startswith("fix:")]
+    assert len(fixes) == 2
+    suggested = re.fullmatch(r"declare domain=(\{.*\}) \(checked: .*\)\.", fixes[0])
+    assert suggested, fixes[0]
+    domain = eval(suggested.group(1), {"torch": torch})  # the suggestion, declared as written
+    rule = fxrewrite.load_rules("guarded.py")["wide_relu"]
+    declared = fxrewrite.Rule.from_functions(rule.pattern, rule.replacement, name="wide_relu", where=rule.where,
+                                             domain=domain)
+    from fxrewrite.testing import check_rule
+
+    assert check_rule(declared, max_examples=20).verdict == "sound"
+    assert fixes[1].startswith("no domain fxrewrite tried")  # dim() == 7: none is known, and it says so
 
 
 # ---- bad targets and rule files on the command line ---------------------------------------------------------

@@ -128,6 +128,7 @@ def test_check_command_reports_a_missing_op_as_an_error_not_as_unsound(tmp_path)
     assert "unsound" not in text.lower() and "repair" not in text
 
 
+@pytest.mark.slow
 def test_check_and_apply_use_the_ops_of_the_rules_directory(tmp_path, monkeypatch):
     rules_with_ops(tmp_path / "dsl_rules")
     write_source(tmp_path / "mlp.py", MODEL)

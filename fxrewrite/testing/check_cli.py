@@ -31,7 +31,8 @@ from ..errors import FxRewriteError
 from ..rule import Rule
 from .equivalence import DEFAULT_EXAMPLES, CheckResult, check_rule
 
-__all__ = ["RuleSelectionError", "checked", "default_jobs", "run_check", "select_rules", "setup_error"]
+__all__ = ["DOMAIN_CANDIDATES", "RuleSelectionError", "checked", "default_jobs", "run_check", "select_rules",
+           "setup_error", "working_domain"]
 
 _COLUMNS = ("rule", "origin", "examples", "verdict", "time")
 
@@ -101,12 +102,72 @@ def _probe_literal(annotation: Any) -> Any:
 
 def checked(rule: Rule, *, examples: int = DEFAULT_EXAMPLES, seed: int | None = None) -> CheckResult:
     """:func:`~fxrewrite.testing.check_rule`, after making sure the rule can run at all: a
-    rule with a :func:`setup_error` gets the verdict ``"error"`` with that message."""
+    rule with a :func:`setup_error` gets the verdict ``"error"`` with that message. An
+    untestable rule's ``fix:`` suggests a domain only once it is checked to work (see
+    :func:`working_domain`), or says that none is known."""
     problem = setup_error(rule)
     if problem is not None:
         return CheckResult(rule=rule.name, origin=rule.origin, verdict="error", examples_run=0, seconds=0.0,
                            message=problem)
-    return check_rule(rule, max_examples=examples, seed=seed)
+    result = check_rule(rule, max_examples=examples, seed=seed)
+    if result.verdict == "untestable":
+        result = attrs.evolve(result, message=_with_fix(result.message, _domain_fix(rule, seed)))
+    return result
+
+
+#: Domains tried for a rule whose pattern and guards accept no drawn input, smallest first:
+#: larger sides (a guard on a size, such as ``shape[-1] % 8 == 0``), then the same in float32.
+DOMAIN_CANDIDATES: tuple[dict[str, Any], ...] = (
+    {"ranks": (2, 4), "sides": (2, 4)},
+    *({"ranks": (1, 4), "sides": (side, side)} for side in (8, 16, 32, 64)),
+)
+
+
+def working_domain(rule: Rule, *, seed: int | None = None) -> dict[str, Any] | None:
+    """The first domain of :data:`DOMAIN_CANDIDATES` (merged into the rule's own, alone and with
+    ``dtypes=(torch.float32,)``) under which the rule can be checked: its inputs pass the probe
+    of the pattern and guards, and a short search finds it testable. ``None`` when none does."""
+    import torch
+
+    from .strategies import plan_inputs
+
+    for extra in ({}, {"dtypes": (torch.float32,)}):
+        for candidate in DOMAIN_CANDIDATES:
+            domain = {**(rule.domain or {}), **candidate, **extra}
+            try:
+                if plan_inputs(rule, domain=domain).probe_failure is not None:
+                    continue
+            except FxRewriteError:  # a candidate the rule's own declarations make invalid
+                continue
+            if check_rule(attrs.evolve(rule, domain=domain), max_examples=10, seed=seed,
+                          repair=False).verdict != "untestable":
+                return domain
+    return None
+
+
+def _domain_fix(rule: Rule, seed: int | None) -> str:
+    domain = working_domain(rule, seed=seed)
+    if domain is None:
+        return ("no domain fxrewrite tried (larger sides, ranks 1..4, float32) makes inputs the pattern and guards "
+                "accept: declare a domain= that does, or check the guard (can it be true at all?).")
+    shown = ", ".join(f"{k!r}: {_shown_value(v)}" for k, v in domain.items())
+    return f"declare domain={{{shown}}} (checked: the pattern and guards accept inputs drawn from it)."
+
+
+def _shown_value(value: Any) -> str:
+    if isinstance(value, tuple):
+        return "(" + ", ".join(_shown_value(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+    return f"torch.{str(value).removeprefix('torch.')}" if type(value).__name__ == "dtype" else repr(value)
+
+
+def _with_fix(message: str, fix: str) -> str:
+    """``message`` with its ``fix:`` line replaced by ``fix``."""
+    lines = message.splitlines()
+    for i, line in enumerate(lines):
+        if line.lstrip().startswith("fix:"):
+            lines[i] = f"{line[:line.index('fix:')]}fix:         {fix}"
+            return "\n".join(lines)
+    return f"{message}\n  fix:         {fix}"
 
 
 def _load(paths: Sequence[str]) -> list[Rule]:

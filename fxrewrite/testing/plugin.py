@@ -134,10 +134,10 @@ class RuleItem(pytest.Item):
             pytest.fail(problem, pytrace=False)
 
     def runtest(self) -> None:
-        from fxrewrite.testing.equivalence import check_rule
+        from fxrewrite.testing.check_cli import checked
 
         seed = self.config.getoption("fxrewrite_seed")
-        result = check_rule(self.rule, max_examples=_examples(self.config), seed=seed)
+        result = checked(self.rule, examples=_examples(self.config), seed=seed)
         self.user_properties.append(("fxrewrite", f"{result.verdict}: {result.examples_run} examples"))
         if not result.ok:
             raise RuleCheckFailed(result)
