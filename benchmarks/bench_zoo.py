@@ -379,16 +379,38 @@ def attention_rules(rules: fxrewrite.RuleSet) -> fxrewrite.RuleSet:
 @dataclass
 class Left:
     """An attention block the rewrite left, and why: the closest miss of the attention rules at
-    the matmul that consumes its softmax."""
+    the matmul that consumes its softmax (``also``: the next closest misses, for other reasons)."""
 
     softmax: str
     matmul: str
     rule: str
     reason: str
     block: list[str]
+    also: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         return f"{self.softmax} -> {self.matmul}: {self.rule}: {self.reason}"
+
+
+def _closest_misses(explained: fxrewrite.Explanation) -> dict[str, list[tuple[str, str]]]:
+    """{graph node: [(rule, miss)]}: the misses at each node, furthest first (rule order among
+    equals), one per distinct reason."""
+    found: dict[str, list[tuple[int, int, str, str]]] = {}
+    for order, rule in enumerate(explained.rules):
+        for miss in rule.misses:
+            found.setdefault(miss.graph_node, []).append((-miss.progress, order, rule.rule, str(miss)))
+    closest = {}
+    for node, misses in found.items():
+        reasons: dict[str, tuple[str, str]] = {}
+        for _, _, rule, miss in sorted(misses):
+            reasons.setdefault(_reason(miss), (rule, miss))
+        closest[node] = list(reasons.values())
+    return closest
+
+
+def _reason(miss: str) -> str:
+    """A miss's reason without the graph node's code (the same spelling in every layer reads alike)."""
+    return miss.partition("): ")[2] or miss
 
 
 def why_left(gm: fx.GraphModule, softmaxes: Sequence[fx.Node], rules: fxrewrite.RuleSet) -> list[Left]:
@@ -396,19 +418,15 @@ def why_left(gm: fx.GraphModule, softmaxes: Sequence[fx.Node], rules: fxrewrite.
     the matmul that consumes it (``fxrewrite.explain``, the miss that got furthest)."""
     if not softmaxes:
         return []
-    explained = fxrewrite.explain(gm, rules, misses=1 << 20)
-    best: dict[str, tuple[int, str, str]] = {}
-    for rule in explained.rules:
-        for miss in rule.misses:
-            if miss.graph_node not in best or miss.progress > best[miss.graph_node][0]:
-                best[miss.graph_node] = (miss.progress, rule.rule, str(miss))
+    closest = _closest_misses(fxrewrite.explain(gm, rules, misses=1 << 20))
     left = []
     for softmax in softmaxes:
         matmul = consuming_matmul(softmax)
         assert matmul is not None
-        _, rule, reason = best.get(matmul.name, (0, "-", f"no attention rule is tried at '{matmul.name}' "
-                                                        f"({_op_name(matmul)})"))
-        left.append(Left(softmax.name, matmul.name, rule, reason, block_code(softmax)))
+        found = closest.get(matmul.name) or [("-", f"no attention rule is tried at '{matmul.name}' "
+                                                    f"({_op_name(matmul)})")]
+        also = [f"{rule}: {_reason(miss)}" for rule, miss in found[1:3]]
+        left.append(Left(softmax.name, matmul.name, found[0][0], found[0][1], block_code(softmax), also))
     return left
 
 
@@ -678,11 +696,6 @@ def table(rows: Sequence[Row], skipped: dict[str, str]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def _why(left: Left) -> str:
-    """The reason without the node names (the same spelling in every layer reads alike)."""
-    return left.rule + left.reason.partition("): ")[2]
-
-
 def details(rows: Sequence[Row]) -> str:
     """Per architecture: the rules that fired, Inductor's counters, and each block left with
     the reason (and the block's graph nodes, once per distinct reason)."""
@@ -695,7 +708,8 @@ def details(rows: Sequence[Row]) -> str:
         lines.append(f"{r.arch} ({r.family}; {r.note}): {fired}{inductor}")
         for i, left in enumerate(r.left):
             lines.append(f"    left {left}")
-            if i == 0 or _why(left) != _why(r.left[i - 1]):
+            if i == 0 or (left.rule, _reason(left.reason)) != (r.left[i - 1].rule, _reason(r.left[i - 1].reason)):
+                lines += [f"        also {also}" for also in left.also]
                 lines += [f"        {code}" for code in left.block]
         if r.error:
             lines.append(f"    ERROR:{r.error}")
