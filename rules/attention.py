@@ -1,9 +1,10 @@
 """Scaled dot-product attention spelled out, replaced by ``F.scaled_dot_product_attention``.
 
-The patterns use one spelling; the matcher's canonical ops cover the others
-(``torch.matmul`` / ``@`` / ``.matmul``; ``F.softmax(s, dim=-1)`` / ``torch.softmax(s, -1)`` /
-``s.softmax(-1)``), and layout rules at priority 20 first turn ``k.mT`` and
-``k.transpose(-1, -2)`` into ``k.transpose(-2, -1)``, and ``q.shape[-1]`` into ``q.size(-1)``. The scale is a literal capture (``* 0.125``,
+The patterns use one spelling; the matcher covers the others: canonical ops (``torch.matmul`` /
+``@`` / ``.matmul``; ``F.softmax(s, dim=-1)`` / ``torch.softmax(s, -1)`` / ``s.softmax(-1)``),
+dims by meaning (``k.mT``, ``k.transpose(-1, -2)`` and, on rank 4, ``k.transpose(2, 3)`` are
+``k.transpose(-2, -1)``; ``q.shape[-1]`` is ``q.size(-1)``) and no-op identities (Hugging Face's
+``.to(q.dtype)`` of a value already of that dtype, eval-mode dropout). The scale is a literal capture (``* 0.125``,
 ``/ 8.0``, ``/ math.sqrt(64)`` all trace to a constant) or computed in the graph from a size,
 ``/ math.sqrt(q.size(-1))``, which the replacement computes the same way.
 
@@ -24,19 +25,20 @@ the domain (finite masks) leaves such rows out. Two additive terms (T5's positio
 ``scores * s + bias + mask``) become one ``attn_mask=bias + mask`` when each fits (the sum is
 rounded in another order: declared tolerance).
 
-Boolean masks. ``where(c, scores, m)`` and ``scores.masked_fill(c, m)`` before the softmax are
-first turned into an additive mask (``scores + where(c, 0, m)``, rules in attention.fxr), which
-the rules here then take: exactly the same values when ``m`` is ``-inf`` or at most ``-1e30`` (``scores + m`` rounds to
-``m`` for any score below 1e22 in float32), including a row masked entirely, where both give
-uniform weights (finite ``m``) or nan (``-inf``). A smaller ``m`` (``-1e4``, ``-1e9``) is not absorbed
-(a fully masked row would change from uniform weights to the softmax of its scores): no rule.
-The scores must be finite: ``where`` hides a nan or inf score at a masked position, an additive
-mask does not (the domain excludes them).
-A mask value held in a tensor (GPT-Neo's ``torch.tensor(finfo.min)``) is a graph value whose
-number the guard cannot read: no rule either.
+Boolean masks. ``where(c, scores, m)`` and ``scores.masked_fill(c, m)`` before the softmax, alone
+or followed by an additive mask (GPT-Neo), are first turned into an additive mask
+(``scores + where(c, 0, m)``, rules in attention.fxr), which the rules here then take: exactly
+the same values when ``m`` is ``-inf`` or at most ``-1e30`` (``scores + m`` rounds to ``m`` for any
+score below 1e22 in float32), including a row masked entirely, where both give uniform weights
+(finite ``m``) or nan (``-inf``). A smaller ``m`` (``-1e4``, ``-1e9``) is not absorbed (a fully
+masked row would change from uniform weights to the softmax of its scores): no rule. The scores
+must be finite: ``where`` hides a nan or inf score at a masked position, an additive mask does not
+(the domains exclude them). A mask value held in a tensor (GPT-Neo's ``torch.tensor(finfo.min)``,
+a 0-d constant) is a graph value, not a literal: the rules' ``m: float`` cannot bind it, so they
+do not fire there yet.
 
 The float32 softmax upcast (``softmax(s, -1, dtype=torch.float32).to(q.dtype)``, Llama, OPT, ...)
-is ``softmax_upcast`` (normalization.py): it leaves the plain softmax these patterns match.
+is ``softmax_upcast`` (normalization.fxr): it leaves the plain softmax these patterns match.
 
 Not expressible. Gemma-2's soft-capping (``tanh(scores / cap) * cap`` before the mask) applies
 a function to the scores between the matmul and the softmax; ``scaled_dot_product_attention``
@@ -138,8 +140,8 @@ def attention_bmm(q, k, v, s: float):  # noqa: F811
 
 # ---- the scale is 1 / sqrt(head dimension), computed in the graph ------------------------------
 # `t` is whichever tensor the code takes the size of (q, k, or another): the replacement computes
-# the same scale from it, so the rule holds whatever t is. (t.shape[-1] is first turned into
-# t.size(-1) by a layout rule.)
+# the same scale from it, so the rule holds whatever t is. (t.shape[-1] is t.size(-1) to the
+# matcher.)
 
 _DIM_DOMAIN = {**_DOMAIN, "shapes": "broadcast"}
 
