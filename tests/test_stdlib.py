@@ -678,7 +678,10 @@ HF_NORMS = {
                                         torch.bfloat16: "rms_norm_upcast_affine"}),
     "gemma": ("gemma", "GemmaRMSNorm", {torch.float32: "rms_norm_upcast_gemma",
                                         torch.bfloat16: "rms_norm_upcast_gemma"}),
-    "t5": ("t5", "T5LayerNorm", {torch.float32: "rms_norm_t5_affine", torch.bfloat16: "rms_norm_t5_half"}),
+    # in float32 every cast is a no-op: T5's rule and Llama's (whose downcast the matcher then does
+    # not need) compute the same, and the first in the library takes it
+    "t5": ("t5", "T5LayerNorm", {torch.float32: ("rms_norm_t5_affine", "rms_norm_upcast_affine"),
+                                 torch.bfloat16: "rms_norm_t5_half"}),
 }
 
 
