@@ -118,18 +118,16 @@ def cmd_apply(args: argparse.Namespace, out: TextIO) -> int:
     from .codegen import annotated_code, code_diff
     from .rewrite import rewrite
     from .rule import RuleSet
-    from .target import exported_program, load_target, traced_or_exported
+    from .target import load_target, traced_or_exported
 
     target = load_target(args.target)
     rules, added = _load_rules_and_added(args.rules, args.add_rules)
     if args.output:
         _check_output(args.output, export=args.export)  # before the work, not after it
-    program = exported_program(target) if args.export else None
-    before = program.module() if program is not None else traced_or_exported(target, export=False)
+    before = traced_or_exported(target, export=args.export)
     print(f"{target.spec}: {len(before.graph.nodes)} nodes, {len(rules)} rules", file=out)
-    shapes = _shapes(target, args.shapes) if program is None else None  # an exported graph has them
-    result = rewrite(program if program is not None else before, rules, example_inputs=shapes,
-                     max_rewrites=args.max_rewrites, on_progress=_progress_display(len(before.graph.nodes)))
+    result = rewrite(before, rules, example_inputs=_shapes(target, args.shapes), max_rewrites=args.max_rewrites,
+                     on_progress=_progress_display(len(before.graph.nodes)))
     unfired = [name for name in added if not (result.report.stats[name].applied or result.report.stats[name].rejected)]
     _print_report(_without(result.report, unfired), out, all_rows=args.all)
     if unfired:
@@ -138,8 +136,8 @@ def cmd_apply(args: argparse.Namespace, out: TextIO) -> int:
         print(code_diff(before, result.module, fromfile=f"{args.target} (before)", tofile="after"), file=out)
     if args.show_code:
         print(annotated_code(result.module), file=out)
-    if args.output and result.exported_program is not None:
-        _save_program(result.exported_program, args.output, out)
+    if args.output and args.export:
+        _save_program(_reexported(target, result.module), args.output, out)
     elif args.output:
         _save(result.module, args.output, out)
     if args.check and not _check(target, result.module, out):
@@ -203,6 +201,19 @@ def _check_output(output: str, *, export: bool) -> None:
     from .codegen import check_folder
 
     check_folder(output)
+
+
+def _reexported(target: Target, rewritten: torch.fx.GraphModule) -> torch.export.ExportedProgram:
+    """The rewritten module (``--export`` rewrites the exported program's ``.module()``, where
+    guards see its buffers as constants) exported again, as the program to save."""
+    import torch
+
+    assert target.example_inputs is not None  # --export needs them
+    try:
+        return torch.export.export(rewritten, target.example_inputs)
+    except Exception as exc:
+        raise TargetError(f"the rewritten module of '{target.spec}' could not be exported again to save it: "
+                          f"{type(exc).__name__}: {exc}. Drop -o, or save result.module with torch.save.") from exc
 
 
 def _save_program(program: torch.export.ExportedProgram, output: str, out: TextIO) -> None:
