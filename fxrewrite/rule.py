@@ -41,7 +41,8 @@ from .errors import MetadataError, RewriteError, RuleDefinitionError, RuleWarnin
 from .pattern import Param, Pattern, trace_pattern
 from .report import NO_METADATA
 
-__all__ = ["Guard", "Rule", "RuleBuilder", "RuleSet", "RulesLike", "as_ruleset", "describe_guard", "rule"]
+__all__ = ["NUMERICS", "Guard", "Rule", "RuleBuilder", "RuleSet", "RulesLike", "as_ruleset", "describe_guard",
+           "describe_numerics", "parse_numerics", "rule"]
 
 Guard = Callable[[Any], bool]
 
@@ -52,6 +53,54 @@ def _origin_of(fn: Callable[..., Any]) -> str:
     if code is None:
         return "<unknown>"
     return f"{code.co_filename}:{code.co_firstlineno}"
+
+
+#: The numerics contracts a rule may declare (``numerics=``), and what each promises.
+NUMERICS: Mapping[str, str] = {
+    "tolerance": "values within the declared tolerance, or assert_close's default for the output dtype",
+    "bitwise": "the very same values: nan where nan, and the same sign of zero",
+    "ulp:K": "every value within K units in the last place of the pattern's",
+    "as-precise": "at least as close as the pattern's to the pattern computed in float64 (a more precise "
+                  "rewrite passes, a less precise one does not)",
+}
+
+
+def parse_numerics(value: Any, context: str) -> str | None:
+    """A ``numerics=`` declaration in its one spelling (``"bitwise"``, ``"ulp:2"``,
+    ``"as-precise"``, ``"tolerance"``; ``("ulp", 2)`` is ``"ulp:2"``), or ``None`` when not declared.
+
+    >>> parse_numerics(("ulp", 2), "rule 'r'"), parse_numerics("as_precise", "rule 'r'")
+    ('ulp:2', 'as-precise')
+    """
+    if value is None:
+        return None
+    if isinstance(value, tuple) and len(value) == 2 and value[0] == "ulp":
+        value = f"ulp:{value[1]}"
+    if isinstance(value, str):
+        text = value.strip().lower().replace("_", "-").replace(" ", ":")
+        if text in ("tolerance", "bitwise", "as-precise"):
+            return text
+        kind, _, k = text.partition(":")
+        if kind == "ulp" and k.isdigit():
+            return f"ulp:{int(k)}"
+    raise RuleDefinitionError(
+        f"{context}: numerics= takes one of 'tolerance', 'bitwise', 'ulp:K' (K a whole number >= 0, e.g. "
+        f"'ulp:2') or 'as-precise', got {value!r}.")
+
+
+def describe_numerics(rule: Rule) -> str:
+    """One line for ``check`` and ``list``: the rule's numerics contract and what it promises.
+
+    >>> describe_numerics(Rule.from_functions(lambda x: x + 0.0, lambda x: x, name="r", numerics="ulp:1"))
+    "ulp:1 (every value within 1 units in the last place of the pattern's)"
+    """
+    contract = rule.numerics or "tolerance"
+    if contract.startswith("ulp:"):
+        return f"{contract} ({NUMERICS['ulp:K'].replace('K', contract.partition(':')[2], 1)})"
+    promise = NUMERICS[contract]
+    if contract == "tolerance" and rule.tolerance:
+        promise = f"values within the declared {dict(rule.tolerance)}"
+    return f"{contract} ({promise})"
 
 
 def _guards(where: Guard | Iterable[Guard] | None, context: str) -> tuple[Guard, ...]:
@@ -72,7 +121,8 @@ class Rule:
 
     Build one with :meth:`from_functions` or the :func:`rule` decorator. ``compiled`` is the
     traced :class:`~fxrewrite.pattern.Pattern`; ``origin`` is the ``file:line`` of the
-    definition; ``tolerance`` and ``domain`` are declarations read by :mod:`fxrewrite.testing`.
+    definition; ``tolerance``, ``domain`` and ``numerics`` (the numerics contract, see
+    :data:`NUMERICS`) are declarations read by :mod:`fxrewrite.testing`.
     """
 
     name: str
@@ -85,6 +135,7 @@ class Rule:
     origin: str = "<unknown>"
     tolerance: Mapping[str, float] | None = None
     domain: Mapping[str, Any] | None = None
+    numerics: str | None = None
 
     @classmethod
     def from_functions(
@@ -99,11 +150,13 @@ class Rule:
         origin: str | None = None,
         tolerance: Mapping[str, float] | None = None,
         domain: Mapping[str, Any] | None = None,
+        numerics: str | tuple[str, int] | None = None,
     ) -> Rule:
         """Build a rule from a pattern function and a replacement function.
 
         The replacement must accept every parameter of the pattern, by name; it is called with
         ``Proxy`` objects for tensors and the real values of literal and module captures.
+        ``numerics`` is the rule's numerics contract (:data:`NUMERICS`), enforced by the checker.
         """
         name = name or getattr(pattern, "__name__", None) or "rule"
         if name == "<lambda>":
@@ -114,6 +167,10 @@ class Rule:
             raise RuleDefinitionError(f"{context}: pattern and replacement must be functions.")
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise RuleDefinitionError(f"{context}: priority must be an int, got {priority!r}.")
+        contract = parse_numerics(numerics, context)
+        if contract not in (None, "tolerance") and tolerance:
+            raise RuleDefinitionError(f"{context}: numerics={contract!r} and tolerance= both say how close is close "
+                                      f"enough; declare one (a tolerance goes with numerics='tolerance').")
         compiled = trace_pattern(pattern, rule_name=name, origin=origin)
         _check_replacement_signature(compiled.params, replacement, context)
         _warn_if_replacement_drops_tensors(compiled, replacement, context)
@@ -128,6 +185,7 @@ class Rule:
             origin=origin,
             tolerance=tolerance,
             domain=domain,
+            numerics=contract,
         )
 
     @property
@@ -313,11 +371,13 @@ def rule(
     doc: str | None = None,
     tolerance: Mapping[str, float] | None = None,
     domain: Mapping[str, Any] | None = None,
+    numerics: str | tuple[str, int] | None = None,
 ) -> Any:
     """Decorator: mark a pattern function; then decorate its replacement with
     ``@<pattern>.replacement`` to obtain the :class:`Rule`. Usable bare (``@rule``) or with
     options (``@rule(priority=2, where=...)``)."""
-    options = dict(name=name, where=where, priority=priority, doc=doc, tolerance=tolerance, domain=domain)
+    options = dict(name=name, where=where, priority=priority, doc=doc, tolerance=tolerance, domain=domain,
+                   numerics=numerics)
 
     def wrap(fn: Callable[..., Any]) -> RuleBuilder:
         return RuleBuilder(fn, options)

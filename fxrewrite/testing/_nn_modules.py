@@ -6,7 +6,7 @@ changes a tensor shape so that a module accepts it. Plain torch, no Hypothesis:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -26,22 +26,27 @@ def _randomize_norm(module: Any) -> None:  # Any: its statistics are read by nam
             module.bias.uniform_(-0.5, 0.5)
 
 
-def default_module(cls: type[nn.Module], *, width: int, kernel: int, bias: bool) -> nn.Module | None:
+def default_module(cls: type[nn.Module], *, width: int, kernel: int, bias: bool,
+                   attributes: Mapping[str, Any] | None = None) -> nn.Module | None:
     """A small instance of a common module class (``width`` channels/features), in eval mode
     with random parameters and statistics; ``None`` for a class that needs a factory.
+    ``attributes`` are further constructor arguments (``groups``, ``stride``, ``eps``...).
 
     >>> default_module(nn.Conv2d, width=2, kernel=3, bias=False)
     Conv2d(2, 2, kernel_size=(3, 3), stride=(1, 1), bias=False)
+    >>> default_module(nn.ConvTranspose2d, width=2, kernel=1, bias=True, attributes={"groups": 2, "stride": 2})
+    ConvTranspose2d(2, 2, kernel_size=(1, 1), stride=(2, 2), groups=2)
     """
     module: nn.Module | None
     make: Any = cls  # module classes take different constructor arguments; checked by _try
+    extra = dict(attributes or {})
     if issubclass(cls, (nn.Linear, nn.modules.conv._ConvNd)) and make is not nn.Bilinear:
         args = (width, width) if issubclass(cls, nn.Linear) else (width, width, kernel)
-        module = _try(lambda: make(*args, bias=bias))
+        module = _try(lambda: make(*args, bias=bias, **extra))
     elif issubclass(cls, (nn.modules.batchnorm._NormBase, nn.LayerNorm)):
-        module = _try(lambda: cls(width))
+        module = _try(lambda: cls(width, **extra))
     elif issubclass(cls, nn.GroupNorm):
-        module = _try(lambda: cls(1, width))
+        module = _try(lambda: cls(1, width, **extra))
     elif issubclass(cls, _ACTIVATIONS_WITH_DIM):
         module = _try(lambda: cls(dim=-1))
     else:

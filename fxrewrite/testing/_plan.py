@@ -44,12 +44,58 @@ _STRING_LITERALS: tuple[str, ...] = (
 )
 
 
+#: Pairs drawn together for two ``torch.dtype`` captures (``x.to(a).to(b)``), the pairs whose
+#: conversions differ first: same size and another format, narrower in between, wider in between.
+_DTYPE_PAIRS: tuple[tuple[torch.dtype, torch.dtype], ...] = (
+    (torch.bfloat16, torch.float16), (torch.float16, torch.bfloat16), (torch.float32, torch.float16),
+    (torch.float64, torch.float32), (torch.float64, torch.float16), (torch.float32, torch.bfloat16),
+    (torch.float16, torch.float32), (torch.bfloat16, torch.float32), (torch.float32, torch.float64),
+    (torch.int64, torch.int32), (torch.int32, torch.uint8), (torch.int64, torch.int8), (torch.uint8, torch.int8),
+    (torch.float32, torch.int32), (torch.int64, torch.float32),
+)
+
+#: Type promotion categories: a 0-dim tensor of a higher category than the others sets the
+#: result's category (``torch.tensor(2.0, dtype=torch.float64) / torch.tensor([3])`` is float64).
+_CATEGORIES = {torch.bool: 0}
+
+
+def _category(dtype: torch.dtype) -> int:
+    return _CATEGORIES.get(dtype, 2 if dtype.is_floating_point else 1)
+
+
 @attrs.frozen
 class _Config:
-    """The dtype of the tensor arguments and the rank of the largest one."""
+    """The dtype of the tensor arguments and the rank of the largest one; ``overrides`` gives
+    some arguments a dtype of their own (a bool mask beside float ``q``, ``k``, ``v``)."""
 
     dtype: torch.dtype
     rank: int
+    overrides: tuple[tuple[str, torch.dtype], ...] = ()
+
+
+@attrs.define
+class PatternErrors:
+    """Drawn inputs on which the pattern raises, tried on the replacement too (a few calls per
+    check): a replacement that returns there would make a crashing program run after a rewrite.
+    Reported with the verdict, never a counterexample (the rule cannot match a program that
+    raises); the other direction, the replacement raising where the pattern returns, is one."""
+
+    calls: int = 20
+    found: tuple[Mapping[str, Any], str] | None = None
+
+    def rejected(self, rule: Rule, inputs: Mapping[str, Any]) -> None:
+        if self.found is not None or self.calls <= 0:
+            return
+        self.calls -= 1
+        try:
+            call_rule_function(rule.pattern, inputs)
+        except Exception as exc:
+            try:
+                call_rule_function(rule.replacement, inputs)
+            except Exception:
+                return
+            text = str(exc).strip()
+            self.found = (inputs, f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}")
 
 
 @attrs.frozen(eq=False)
@@ -68,6 +114,13 @@ class InputPlan:
     harness: GuardHarness | None = None
     #: A tensor argument that always broadcasts (one dimension or more fewer than the others).
     smaller: str | None = None
+    #: A tensor argument that is 0-dim and of a higher promotion category than the others, and its dtypes.
+    zero_dim: str | None = None
+    zero_dim_dtypes: tuple[torch.dtype, ...] = ()
+    #: Dtype captures always drawn as a pair, float tensors holding only values that tell dtypes apart.
+    separating: bool = False
+    #: Where inputs the pattern raises on are tried on the replacement (``None``: they are not).
+    pattern_errors: PatternErrors | None = None
 
     @property
     def where(self) -> str:
@@ -83,6 +136,42 @@ class InputPlan:
         """Tensor arguments whose shapes may differ from the others' (by broadcasting)."""
         names = tuple(p.name for p in self.tensors if _shape_varies(self, p))
         return names if len(names) > 1 else ()
+
+    @property
+    def promotable(self) -> tuple[str, ...]:
+        """Tensor arguments that may be drawn 0-dim beside the others, with a dtype that wins
+        the type promotion by its category (bool < integers < floats): only when the drawn
+        dtypes span two categories."""
+        categories = {_category(d) for name in self.broadcastable for d in self.param_dtypes(name)}
+        return self.broadcastable if self.domain.mixed_dtypes and len(categories) > 1 else ()
+
+    @property
+    def separates_dtypes(self) -> bool:
+        """A rule with ``torch.dtype`` captures: its float tensors also draw values that
+        float16, bfloat16, float32 and float64 round differently."""
+        return any(p.annotation is torch.dtype for p in self.literals)
+
+    def param_dtypes(self, name: str) -> tuple[torch.dtype, ...]:
+        """Dtypes on which the pattern was seen to run with tensor argument ``name`` of that dtype."""
+        return tuple(_unique(dict(c.overrides).get(name, c.dtype) for c in self.configs))
+
+    def config(self, dtype: torch.dtype, rank: int) -> _Config:
+        return next((c for c in self.configs if c.dtype == dtype and c.rank == rank), _Config(dtype, rank))
+
+    def with_separation(self) -> InputPlan:
+        """This plan, with its dtype captures drawn as pairs that convert differently and float
+        tensors of values those conversions round differently (:data:`DTYPE_SEPARATORS`)."""
+        return attrs.evolve(self, separating=True)
+
+    def with_zero_dim(self, name: str) -> InputPlan:
+        """This plan, where tensor argument ``name`` is 0-dim and of a higher promotion category
+        than the others, which have one dimension or more (then the 0-dim one sets the result's
+        category, and its dtype is not the result's)."""
+        dtypes = self.param_dtypes(name)
+        top = max(_category(d) for d in dtypes)
+        configs = tuple(c for c in self.configs if _category(c.dtype) < top and c.rank >= 1)
+        return attrs.evolve(self, zero_dim=name, configs=configs or self.configs,
+                            zero_dim_dtypes=tuple(d for d in dtypes if _category(d) == top))
 
     def with_smaller(self, name: str) -> InputPlan:
         """This plan, where tensor argument ``name`` always has fewer dimensions than the others
@@ -115,8 +204,9 @@ def _modules(draw: Any, plan: InputPlan) -> dict[str, nn.Module]:
             kernel = draw(st.integers(1, min(3, max(1, width))))
             bias = draw(st.booleans())
             seed = draw(st.integers(0, 2**16 - 1))
+            attributes = draw(_module_attributes(param.annotation, width)) if source is None else {}
             make = source if source is not None else functools.partial(
-                default_module, param.annotation, width=width, kernel=kernel, bias=bias)
+                default_module, param.annotation, width=width, kernel=kernel, bias=bias, attributes=attributes)
             module = _seeded(seed, make)
         if not isinstance(module, param.annotation):
             raise RuleDefinitionError(
@@ -124,6 +214,25 @@ def _modules(draw: Any, plan: InputPlan) -> dict[str, nn.Module]:
                 f"not a {param.annotation.__name__}; fix domain['modules']['{param.name}'].")
         out[param.name] = module
     return out
+
+
+@st.composite
+def _module_attributes(draw: Any, cls: type[nn.Module], width: int) -> dict[str, Any]:
+    """Constructor attributes of a default module, each shrinking to the constructor's default:
+    ``groups`` (a divisor of the width), ``stride``, ``padding``, ``dilation`` and, for a transposed
+    conv, ``output_padding`` for convolutions; ``eps`` for normalizations (``momentum`` does not
+    matter in eval mode)."""
+    if issubclass(cls, nn.modules.conv._ConvNd):
+        out = {"groups": draw(st.sampled_from([g for g in range(1, width + 1) if width % g == 0]), label="groups"),
+               "stride": draw(st.sampled_from([1, 2])), "padding": draw(st.sampled_from([0, 1])),
+               "dilation": draw(st.sampled_from([1, 2]))}
+        if issubclass(cls, nn.modules.conv._ConvTransposeNd):
+            extra = draw(st.sampled_from([0, 1]))
+            out["output_padding"] = extra if extra < max(out["stride"], out["dilation"]) else 0
+        return out
+    if issubclass(cls, (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm)):
+        return {"eps": draw(st.sampled_from([1e-5, 1e-3, 0.1]), label="eps")}
+    return {}
 
 
 def _base_shape(plan: InputPlan, shape: Sequence[int], modules: Mapping[str, nn.Module]) -> tuple[int, ...]:
@@ -150,7 +259,44 @@ def _related_shape(draw: Any, base: tuple[int, ...], max_rank: int, smaller: boo
 
 def _tensor_dtypes(plan: InputPlan, param: Param) -> tuple[torch.dtype, ...]:
     own = plan.domain.tensor_domain(param.name).dtypes
-    return own if own is not None else (plan.dtypes or plan.domain.dtypes)
+    return own if own is not None else (plan.param_dtypes(param.name) or plan.domain.dtypes)
+
+
+def _argument_dtype(draw: Any, plan: InputPlan, config: _Config, param: Param, mixed: bool) -> torch.dtype:
+    own = plan.domain.tensor_domain(param.name).dtypes
+    if own is not None:
+        return draw(st.sampled_from(own))
+    if param.name == plan.zero_dim:
+        return draw(st.sampled_from(plan.zero_dim_dtypes))
+    if mixed:
+        return draw(st.sampled_from(_tensor_dtypes(plan, param)))
+    return dict(config.overrides).get(param.name, config.dtype)
+
+
+@st.composite
+def _edge_rows(draw: Any, t: torch.Tensor, low: float | None, high: float | None, special: bool) -> torch.Tensor:
+    """Masks go wrong on rows that mask everything: sometimes one row (or, for a vector, all
+    of it) of a bool tensor is all False, or a float tensor's row all its most negative value
+    (``finfo.min``, as additive masks write, or ``-inf``); sometimes the whole tensor is."""
+    if t.dim() == 0 or t.numel() == 0 or not (t.dtype == torch.bool or t.dtype.is_floating_point):
+        return t
+    edge = draw(st.integers(0, 5), label="edge rows")
+    if edge not in (1, 2):
+        return t
+    if t.dtype == torch.bool:
+        value: Any = False
+    else:
+        options = [torch.finfo(t.dtype).min, *([-math.inf] if special else [])]
+        kept = [v for v in options if (low is None or v >= low) and (high is None or v <= high)]
+        if not kept:
+            return t
+        value = draw(st.sampled_from(kept))
+    t = t.clone()
+    if edge == 2 or t.dim() == 1:
+        t.fill_(value)
+    else:
+        t[..., draw(st.integers(0, t.shape[-2] - 1)), :] = value
+    return t
 
 
 @st.composite
@@ -158,19 +304,27 @@ def _tensor_inputs(draw: Any, plan: InputPlan, config: _Config, base: tuple[int,
     """The tensor arguments: by default all of ``base``'s shape and ``config``'s dtype; shrinking
     leads there from shapes that broadcast to ``base`` and from mixed dtypes."""
     mixed = plan.domain.mixed_dtypes and len(plan.tensors) > 1 and draw(st.booleans(), label="mixed dtypes")
+    mixed = mixed and plan.zero_dim is None
     related = plan.broadcastable
     out = {}
+    drawn_values: dict[torch.dtype, list[Any]] = {}
     for param in plan.tensors:
         own = plan.domain.tensor_domain(param.name)
         fixed = own.shape if own.shape is not None else base
         smaller = param.name == plan.smaller
         shape = draw(_related_shape(base, plan.domain.ranks[1], smaller)) if param.name in related else fixed
-        if own.dtypes is not None:
-            dtype = draw(st.sampled_from(own.dtypes))
-        else:
-            dtype = draw(st.sampled_from(_tensor_dtypes(plan, param))) if mixed else config.dtype
-        values = draw(_value_lists(dtype, math.prod(shape), own.min_value, own.max_value, own.special_values))
+        if param.name == plan.zero_dim:
+            shape = ()
+        dtype = _argument_dtype(draw, plan, config, param, mixed)
+        values = draw(_value_lists(dtype, math.prod(shape), own.min_value, own.max_value, own.special_values,
+                                   plan.separates_dtypes, plan.separating))
+        earlier = drawn_values.get(dtype)
+        if earlier and draw(st.integers(0, 3), label="same values") == 1:  # x / x, x - x: one value twice
+            values = [earlier[i % len(earlier)] for i in range(len(values))]
+        drawn_values.setdefault(dtype, values)
         t = _build_tensor(values, shape, dtype)
+        if len(plan.tensors) > 1:  # a mask masks something else
+            t = draw(_edge_rows(t, own.min_value, own.max_value, own.special_values))
         transposed = plan.domain.non_contiguous and draw(st.booleans(), label="non-contiguous")
         if transposed and t.dim() >= 2 and min(t.shape[-2:]) > 1:
             t = _non_contiguous(t)
@@ -214,6 +368,9 @@ def _literal_values(draw: Any, plan: InputPlan) -> dict[str, Any]:
     ``int`` captures) as a permutation of ``range(n)``, each index possibly counted from the
     end: every permutation of a small rank is drawn, which independent draws hardly hit."""
     values = {p.name: draw(_literal_strategy(plan, p)) for p in plan.literals}
+    dtypes = [p.name for p in plan.literals if p.annotation is torch.dtype and p.name not in plan.domain.literals]
+    if len(dtypes) > 1 and (plan.separating or draw(st.booleans(), label="dtype pair")):
+        values.update(zip(dtypes, draw(st.sampled_from(_DTYPE_PAIRS))))
     group = _index_literals(plan)
     if len(group) > 1 and draw(st.booleans(), label="permutation"):
         order = draw(st.permutations(range(len(group))))
@@ -232,7 +389,7 @@ def _raw_inputs(draw: Any, plan: InputPlan) -> dict[str, Any]:
         reject()
     if draw(st.booleans(), label="square") and sides:
         sides = [sides[0]] * len(sides)  # matmul-like patterns need equal sizes
-    config = _Config(dtype, len(sides))
+    config = plan.config(dtype, len(sides))
     base = _base_shape(plan, sides, modules)
     values = draw(_tensor_inputs(plan, config, base))
     literals = draw(_literal_values(plan))
@@ -244,6 +401,8 @@ def _raw_inputs(draw: Any, plan: InputPlan) -> dict[str, Any]:
 def _valid_inputs(draw: Any, plan: InputPlan) -> dict[str, Any]:
     inputs = draw(_raw_inputs(plan))
     if not accepts(plan, inputs, guard_errors="raise"):
+        if plan.pattern_errors is not None:
+            plan.pattern_errors.rejected(plan.rule, inputs)
         reject()
     return inputs
 

@@ -9,6 +9,7 @@ import functools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import attrs
 import torch
 from hypothesis.strategies import SearchStrategy
 from torch import nn
@@ -82,9 +83,47 @@ def _probe(plan: InputPlan) -> tuple[tuple[_Config, ...], str | None]:
             if ok:
                 accepted.append(config)
                 break
+    accepted += _probe_own_dtypes(plan, accepted, modules, literal_choices, sides[0])
     if accepted:
         return tuple(accepted), None
     return tuple(candidates), first_error
+
+
+def _probe_own_dtypes(plan: InputPlan, accepted: list[_Config], modules: Mapping[str, nn.Module],
+                      literal_choices: list[dict[str, Any]], side: int) -> list[_Config]:
+    """For each dtype on which the pattern runs at no rank with every tensor argument of it: the
+    configurations where one argument has a dtype of its own (a bool mask beside float
+    ``q``, ``k``, ``v``: on all-bool and on all-float inputs such a pattern raises)."""
+    if len(plan.tensors) < 2:
+        return []
+    low_rank, high_rank = plan.domain.ranks
+    ranks = sorted({c.rank for c in accepted}) or list(range(low_rank, high_rank + 1))
+    found = []
+    for dtype in plan.domain.dtypes:
+        if any(c.dtype == dtype for c in accepted):
+            continue
+        for rank in ranks:
+            config = _own_dtype_config(plan, _Config(dtype, rank), modules, literal_choices, side)
+            if config is not None:
+                found.append(config)
+    return found
+
+
+def _own_dtype_config(plan: InputPlan, config: _Config, modules: Mapping[str, nn.Module],
+                      literal_choices: list[dict[str, Any]], side: int) -> _Config | None:
+    base = _base_shape(plan, [side] * config.rank, modules)
+    for param in plan.tensors:
+        if plan.domain.tensor_domain(param.name).dtypes is not None:
+            continue
+        for other in plan.domain.dtypes:
+            if other == config.dtype:
+                continue
+            candidate = attrs.evolve(config, overrides=((param.name, other),))
+            tensors_ = {p.name: _probe_tensor(_probe_dtype(plan, p, candidate), _probe_shape(plan, p, base))
+                        for p in plan.tensors}
+            if _probe_once(plan, tensors_, modules, literal_choices)[0]:
+                return candidate
+    return None
 
 
 def _probe_shape(plan: InputPlan, param: Param, base: tuple[int, ...]) -> tuple[int, ...]:
@@ -94,7 +133,7 @@ def _probe_shape(plan: InputPlan, param: Param, base: tuple[int, ...]) -> tuple[
 
 def _probe_dtype(plan: InputPlan, param: Param, config: _Config) -> torch.dtype:
     own = plan.domain.tensor_domain(param.name).dtypes
-    return own[0] if own else config.dtype
+    return own[0] if own else dict(config.overrides).get(param.name, config.dtype)
 
 
 def _probe_once(plan: InputPlan, tensors_: Mapping[str, torch.Tensor], modules: Mapping[str, nn.Module],

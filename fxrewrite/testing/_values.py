@@ -53,7 +53,20 @@ def _unique(values: Iterable[Any]) -> list[Any]:
     return out
 
 
-def _float_elements(dtype: torch.dtype, lo: float | None, hi: float | None, special: bool) -> SearchStrategy[float]:
+#: Values that tell floating dtypes apart when a tensor is converted through them (drawn for rules
+#: with dtype captures): representable in float16 but not in bfloat16 (``1 + 2**-8`` is a
+#: bfloat16 tie, ``2001``, ``32800``), finite in bfloat16 but not in float16 (``65520`` and up),
+#: the float16 maximum (bfloat16 rounds it to 65536, then float16 to inf), float16 subnormals and
+#: values it flushes to 0, float32 subnormals, and values that round twice differently (float64
+#: to float16 through float32: ``1 + 2**-11 + 2**-40``; to bfloat16: ``1 + 2**-8 + 2**-30``).
+DTYPE_SEPARATORS: tuple[float, ...] = (
+    1.00390625, 2001.0, 32800.0, 65504.0, 65520.0, 1.0e5, 1 + 2**-11 + 2**-40, 1 + 2**-8 + 2**-30,
+    2.0**-24, 1.0e-8, 1.0e-40, 1 + 2**-8 + 2**-11, 2.0**24 + 1, 1 + 2**-30,
+)
+
+
+def _float_elements(dtype: torch.dtype, lo: float | None, hi: float | None, special: bool,
+                    separate: bool = False) -> SearchStrategy[float]:
     info = torch.finfo(dtype)
     width = _width(dtype)
     low = -info.max if lo is None else max(float(lo), -info.max)
@@ -68,9 +81,11 @@ def _float_elements(dtype: torch.dtype, lo: float | None, hi: float | None, spec
     bits = cast(Literal[16, 32, 64], width)
     moderate = st.floats(max(low, -10.0), min(high, 10.0), width=bits) if low <= 10 and high >= -10 else st.nothing()
     wide = st.floats(low, high, width=bits, allow_nan=False, allow_infinity=False)
-    return st.one_of(_one_of_values(simple, low, high), _one_of_values(extreme, low, high), non_finite,
-                     _small_floats(info, low, high), moderate, wide,
-                     _one_of_values(ulp_neighbours(dtype), low, high))
+    groups = [_one_of_values(simple, low, high), _one_of_values(extreme, low, high), non_finite,
+              _small_floats(info, low, high), moderate, wide, _one_of_values(ulp_neighbours(dtype), low, high)]
+    if separate:
+        groups.append(_one_of_values([v for x in DTYPE_SEPARATORS for v in (x, -x)], low, high))
+    return st.one_of(*groups)
 
 
 #: Exponents ``k`` whose powers of two ``2**k`` get their one-ulp neighbours drawn (rounding,
@@ -140,7 +155,7 @@ def _int_elements(dtype: torch.dtype, lo: float | None, hi: float | None) -> Sea
 
 
 def elements(dtype: torch.dtype, *, min_value: float | None = None, max_value: float | None = None,
-             special_values: bool = True) -> SearchStrategy[Any]:
+             special_values: bool = True, separate_dtypes: bool = False) -> SearchStrategy[Any]:
     """Python numbers that fit ``dtype``. Floats are drawn evenly from seven groups: simple values
     (``0``, ``±1``, ``-0.0``, ``0.5``, ``±2``, ``±eps/2`` (lost when added to 1), the bounds),
     extremes (``±max``, ``±`` the smallest normal, ``±`` the smallest subnormal), non-finite
@@ -150,7 +165,9 @@ def elements(dtype: torch.dtype, *, min_value: float | None = None, max_value: f
     ``±(2**24 + 1)`` and ``±(2**53 + 1)``, which float32 and float64 cannot hold), ``[-10, 10]``
     and the range.
     ``min_value`` / ``max_value`` bound the finite values; ``special_values`` adds ``nan``,
-    ``inf`` and ``-inf`` (floating dtypes only).
+    ``inf`` and ``-inf`` (floating dtypes only); ``separate_dtypes`` adds an eighth group of
+    floats, :data:`DTYPE_SEPARATORS` (values that float16, bfloat16, float32 and float64 round
+    differently).
 
     >>> from hypothesis import find
     >>> find(elements(torch.float32), lambda v: v != v)
@@ -159,7 +176,7 @@ def elements(dtype: torch.dtype, *, min_value: float | None = None, max_value: f
     if dtype == torch.bool:
         return st.booleans()
     if dtype.is_floating_point:
-        return _float_elements(dtype, min_value, max_value, special_values)
+        return _float_elements(dtype, min_value, max_value, special_values, separate_dtypes)
     if dtype.is_complex:
         raise ValueError(f"{dtype}: complex tensors are not drawn yet; pass real dtypes.")
     return _int_elements(dtype, min_value, max_value)
@@ -212,22 +229,27 @@ MAX_DISTINCT_VALUES = 32
 
 @functools.lru_cache(maxsize=1024)
 def _value_lists(dtype: torch.dtype, size: int, lo: float | None, hi: float | None,
-                 special: bool) -> SearchStrategy[list[Any]]:
+                 special: bool, separate: bool = False, only_separating: bool = False) -> SearchStrategy[list[Any]]:
     """``size`` values: a drawn list of values, repeated or cut to ``size``. Its length does not
     depend on the shape, so the shrinker can drop values and dimensions independently:
     ``[0.0, inf]`` shrinks to ``[inf, inf]`` and then, one dimension less, to ``inf``."""
-    drawn = st.lists(elements(dtype, min_value=lo, max_value=hi, special_values=special),
+    drawn = st.lists(elements(dtype, min_value=lo, max_value=hi, special_values=special, separate_dtypes=separate),
                      min_size=1, max_size=MAX_DISTINCT_VALUES)
     if not dtype.is_floating_point and dtype != torch.bool:
         drawn = st.one_of(_mask_lists(dtype, lo, hi), drawn)
     elif dtype.is_floating_point:  # a third of float tensors hold small whole numbers only
         drawn = st.one_of(drawn, drawn, _tame_lists(lo, hi))
+        if only_separating:
+            drawn = _separating_lists(lo, hi)
+        elif separate:  # and, for rules with dtype captures, a quarter only values that tell dtypes apart
+            drawn = st.one_of(drawn, drawn, drawn, _separating_lists(lo, hi))
     if not (special and dtype.is_floating_point):
         return drawn.map(lambda values: _cycle(values, size))
     # one integer says whether and what to plant (with a boolean and a sampled value, or a
     # sampled value alone, the derandomized search went 100 examples without planting nan)
-    planted = st.tuples(drawn, st.integers(0, 5), st.integers(0, MAX_DISTINCT_VALUES - 1))
-    return planted.map(lambda t: _plant(_cycle(t[0], size), _PLANTED[t[1]], t[2]))
+    plants = _planted(dtype, lo, hi)
+    planted = st.tuples(drawn, st.integers(0, len(plants) - 1), st.integers(0, MAX_DISTINCT_VALUES - 1))
+    return planted.map(lambda t: _plant(_cycle(t[0], size), plants[t[1]], t[2]))
 
 
 def _mask_lists(dtype: torch.dtype, lo: float | None, hi: float | None) -> SearchStrategy[list[int]]:
@@ -252,11 +274,27 @@ def _tame_lists(lo: float | None, hi: float | None) -> SearchStrategy[list[float
     return st.lists(st.integers(low, high).map(float), min_size=1, max_size=MAX_DISTINCT_VALUES)
 
 
+def _separating_lists(lo: float | None, hi: float | None) -> SearchStrategy[list[float]]:
+    values = _one_of_values([v for x in DTYPE_SEPARATORS for v in (x, -x)], -math.inf if lo is None else lo,
+                            math.inf if hi is None else hi)
+    return st.lists(values, min_size=1, max_size=MAX_DISTINCT_VALUES)
+
+
 _PLANTED: tuple[float | None, ...] = (None, math.nan, None, math.inf, None, -math.inf)
 
 
+@functools.cache
+def _planted(dtype: torch.dtype, lo: float | None, hi: float | None) -> tuple[float | None, ...]:
+    """What :func:`_plant` may put into a float tensor: ``nan``, ``±inf`` and, within the bounds,
+    ``-0.0`` and the smallest subnormal of either sign (sign-of-zero and ``1 / x`` overflow bugs);
+    ``None`` (no planting) every other time."""
+    subnormal = _next_float(dtype, 0.0, math.inf)
+    extra = [v for v in (-0.0, subnormal, -subnormal) if (lo is None or v >= lo) and (hi is None or v <= hi)]
+    return (*_PLANTED, *(p for v in extra for p in (None, v)))
+
+
 def _plant(values: list[Any], special: float | None, index: int) -> list[Any]:
-    """Put a non-finite value at one position (about every other float tensor gets one), so that
+    """Put a special value at one position (about every other float tensor gets one), so that
     nan and inf reach every rule early, whatever else the search does; shrinks to no planting."""
     if special is not None and values:
         values[index % len(values)] = special

@@ -26,6 +26,7 @@ report, for use in tests.
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import time
 from collections import Counter
@@ -39,8 +40,10 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis.errors import FailedHealthCheck, Flaky, Unsatisfiable
 
 from ..errors import NotEquivalent, RuleDefinitionError
-from ..rule import Rule
+from ..rule import Rule, describe_numerics
 from ..verify import compare, default_tolerance, format_value
+from ._numerics import values_problem
+from ._plan import PatternErrors
 from .repair import Repair, repair_rule
 from .strategies import GuardRaised, InputPlan, call_rule_function, plan_inputs
 
@@ -69,6 +72,9 @@ DEFAULT_EXAMPLES = 100
 
 _TOLERANCE_KEYS = ("rtol", "atol")
 _KIND_ORDER: tuple[Kind, ...] = ("values", "shape", "dtype", "structure", "raises", "mutation")
+#: Kinds of difference as the search tells them apart: differing values where an output holds nan
+#: or inf are one kind, differing finite values another, so that a nan cannot hide a second bug.
+_KEY_ORDER: tuple[str, ...] = ("values", "values:finite", *_KIND_ORDER[1:])
 _HEADLINES: Mapping[Kind, str] = {
     "values": "the replacement computes different values",
     "shape": "the replacement returns a different shape",
@@ -150,19 +156,37 @@ class Counterexample:
         return "structure"
 
     @property
+    def key(self) -> str:
+        """The kind, with differing values split by whether an output holds nan or inf."""
+        kind = self.kind
+        if kind == "values" and not (_non_finite(self.pattern_output) or _non_finite(self.replacement_output)):
+            return "values:finite"
+        return kind
+
+    @property
     def headline(self) -> str:
         return _HEADLINES[self.kind]
+
+
+def _non_finite(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.dtype.is_floating_point and not bool(value.isfinite().all())
+    if isinstance(value, (tuple, list)):
+        return any(_non_finite(v) for v in value)
+    return isinstance(value, float) and not math.isfinite(value)
 
 
 class PatternRaised(ValueError):
     """The pattern raised on an input: the input is outside the rule's domain."""
 
 
-def evaluate(rule: Rule, inputs: Mapping[str, Any], tolerance: Tolerance = Tolerance()) -> Counterexample | None:
+def evaluate(rule: Rule, inputs: Mapping[str, Any], tolerance: Tolerance = Tolerance(), *,
+             notes: dict[str, str] | None = None) -> Counterexample | None:
     """Run the pattern and the replacement on ``inputs``; ``None`` when they agree.
 
     Raises :class:`PatternRaised` (a ``ValueError``) when the pattern itself raises: such inputs
-    are not in the rule's domain.
+    are not in the rule's domain. ``notes``, when given, receives what is worth reporting but is
+    no counterexample (under ``"aliasing"``: an output that is an input on one side only).
 
     >>> import torch
     >>> from fxrewrite import Rule
@@ -179,10 +203,35 @@ def evaluate(rule: Rule, inputs: Mapping[str, Any], tolerance: Tolerance = Toler
     except Exception as exc:
         return Counterexample(inputs, f"the replacement raised {type(exc).__name__}: {_first_line(exc)}",
                               expected, None, exc)
-    problem = compare(expected, actual, rtol=tolerance.rtol, atol=tolerance.atol, names=("pattern", "replacement"))
+    problem = values_problem(rule, inputs, expected, actual, tolerance.rtol, tolerance.atol)
     if problem is None:
         problem = _mutation_problem(pattern_args, replacement_args, tolerance)
+    if notes is not None and "aliasing" not in notes:
+        aliasing = _aliasing_note(expected, pattern_args, actual, replacement_args)
+        if aliasing:
+            notes["aliasing"] = aliasing
     return Counterexample(inputs, problem, expected, actual) if problem else None
+
+
+def _aliased_inputs(output: Any, args: Mapping[str, Any]) -> list[str]:
+    """The tensor arguments whose storage an output shares (the output is the input, or a view)."""
+    leaves = [output] if isinstance(output, torch.Tensor) else [o for o in output if isinstance(o, torch.Tensor)] \
+        if isinstance(output, (tuple, list)) else []
+    storages = {o.untyped_storage().data_ptr() for o in leaves if o.numel()}
+    return [n for n, v in args.items() if isinstance(v, torch.Tensor) and v.numel()
+            and v.untyped_storage().data_ptr() in storages]
+
+
+def _aliasing_note(expected: Any, pattern_args: Mapping[str, Any], actual: Any,
+                   replacement_args: Mapping[str, Any]) -> str | None:
+    pattern, replacement = _aliased_inputs(expected, pattern_args), _aliased_inputs(actual, replacement_args)
+    if pattern == replacement:
+        return None
+    def side(names: list[str]) -> str:
+        return f"shares the storage of input {', '.join(repr(n) for n in names)}" if names else "is a new tensor"
+    return (f"the replacement's output {side(replacement)} where the pattern's {side(pattern)}; rewrite() "
+            f"clones such an output in context, so programs stay right, but code that writes into one of them "
+            f"sees the difference")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -246,8 +295,8 @@ class _Unsound(Exception):
         self.counterexample = counterexample
 
 
-_UNSOUND_BY_KIND: Mapping[Kind, type[_Unsound]] = {
-    kind: type(f"_Unsound_{kind}", (_Unsound,), {}) for kind in _KIND_ORDER
+_UNSOUND_BY_KIND: Mapping[str, type[_Unsound]] = {
+    key: type(f"_Unsound_{key.replace(':', '_')}", (_Unsound,), {}) for key in _KEY_ORDER
 }
 
 
@@ -258,23 +307,25 @@ class _Search:
     rule: Rule
     tolerance: Tolerance
     #: Kinds of difference already reported: inputs showing only them count as passing.
-    known: frozenset[Kind] = frozenset()
+    known: frozenset[str] = frozenset()
     examples: int = 0
     failed: bool = False
     #: How many examples had a tensor of each dtype.
     dtypes: Counter[torch.dtype] = attrs.Factory(Counter)
+    #: What is worth reporting but no counterexample (see :func:`evaluate`), shared by the searches.
+    notes: dict[str, str] = attrs.Factory(dict)
 
     def body(self, inputs: dict[str, Any]) -> None:
         try:
-            counterexample = evaluate(self.rule, inputs, self.tolerance)
+            counterexample = evaluate(self.rule, inputs, self.tolerance, notes=self.notes)
         except PatternRaised:
             reject()
         if not self.failed:
             self.examples += 1
             self.dtypes.update({v.dtype for v in inputs.values() if isinstance(v, torch.Tensor)})
-        if counterexample is not None and counterexample.kind not in self.known:
+        if counterexample is not None and counterexample.key not in self.known:
             self.failed = True
-            raise _UNSOUND_BY_KIND[counterexample.kind](counterexample)
+            raise _UNSOUND_BY_KIND[counterexample.key](counterexample)
 
     def run(self, plan: InputPlan, max_examples: int, seed: int | None, *, give_up_when_filtered: bool = False) -> None:
         """Search; ``give_up_when_filtered`` ends it (``FailedHealthCheck``) when the first 50
@@ -329,7 +380,7 @@ def check_rule(rule: Rule, *, max_examples: int = DEFAULT_EXAMPLES, seed: int | 
     start = time.perf_counter()
     where = f"rule '{rule.name}' ({rule.origin})"
     try:
-        plan = plan_inputs(rule)
+        plan = attrs.evolve(plan_inputs(rule), pattern_errors=PatternErrors())
         tolerance = Tolerance.parse(rule.tolerance, where=where)
     except RuleDefinitionError as exc:
         return _result(rule, "error", 0, start, f"{where} cannot be checked: {exc}")
@@ -355,12 +406,26 @@ def check_rule(rule: Rule, *, max_examples: int = DEFAULT_EXAMPLES, seed: int | 
     examples = _examples(searches)
     if examples == 0:
         return _result(rule, "untestable", 0, start, untestable_report(context, None))
-    message = f"rule '{rule.name}' is sound on {examples} examples ({where}; domain {plan.domain.describe()})"
+    if examples < enough_examples(max_examples):
+        return _result(rule, "untestable", examples, start, untested_report(context, examples))
+    message = "\n".join([
+        f"rule '{rule.name}' is sound on {examples} examples ({where}; domain {plan.domain.describe()})",
+        *([f"  numerics:    {describe_numerics(rule)}"] if rule.numerics else []), *note_lines(context)])
     return _result(rule, "sound", examples, start, message)
+
+
+def enough_examples(max_examples: int) -> int:
+    """Accepted examples below which a rule is reported untestable, never sound: a tenth of the
+    budget (10 of the default 100)."""
+    return max(1, max_examples // 10)
 
 
 #: Examples of each focused search after the main one (see :func:`_search`).
 SWEEP_EXAMPLES = 10
+#: Examples of the focused search per tensor argument drawn 0-dim with a dtype that wins the promotion.
+ZERO_DIM_EXAMPLES = 5
+#: Examples of the focused search of a rule with dtype captures: pairs of dtypes, separating values.
+DTYPE_PAIR_EXAMPLES = 20
 
 
 def _search(context: _Context, searches: list[_Search]) -> None:
@@ -372,7 +437,11 @@ def _search(context: _Context, searches: list[_Search]) -> None:
     plan, budget = context.plan, min(SWEEP_EXAMPLES, context.max_examples)
     for name in plan.broadcastable:
         _focused_search(context, plan.with_smaller(name), budget, searches)
-    main = _Search(context.rule, context.tolerance)
+    for name in plan.promotable:
+        _focused_search(context, plan.with_zero_dim(name), min(ZERO_DIM_EXAMPLES, budget), searches)
+    if plan.separates_dtypes:
+        _focused_search(context, plan.with_separation(), min(DTYPE_PAIR_EXAMPLES, context.max_examples), searches)
+    main = _Search(context.rule, context.tolerance, notes=context.notes)
     searches.append(main)
     main.run(plan, context.max_examples, context.seed)
     for dtype in plan.dtypes:
@@ -381,7 +450,7 @@ def _search(context: _Context, searches: list[_Search]) -> None:
 
 
 def _focused_search(context: _Context, plan: InputPlan, examples: int, searches: list[_Search]) -> None:
-    search = _Search(context.rule, context.tolerance)
+    search = _Search(context.rule, context.tolerance, notes=context.notes)
     searches.append(search)
     try:
         search.run(plan, examples, context.seed, give_up_when_filtered=True)
@@ -395,19 +464,19 @@ def _examples(searches: Sequence[_Search]) -> int:
 
 def _counterexamples(errors: Sequence[BaseException]) -> tuple[Counterexample, ...]:
     found = (e.counterexample for e in errors if isinstance(e, _Unsound))
-    return tuple(sorted(found, key=lambda c: _KIND_ORDER.index(c.kind)))
+    return tuple(sorted(found, key=lambda c: _KEY_ORDER.index(c.key)))
 
 
 def _more_counterexamples(context: _Context, found: tuple[Counterexample, ...]) -> tuple[Counterexample, ...]:
     """Search again, ignoring the kinds of difference already found, until no new kind turns up."""
-    while len(found) < len(_KIND_ORDER):
-        search = _Search(context.rule, context.tolerance, known=frozenset(c.kind for c in found))
+    while len(found) < len(_KEY_ORDER):
+        search = _Search(context.rule, context.tolerance, known=frozenset(c.key for c in found))
         try:
             search.run(context.plan, max(10, context.max_examples // 2), context.seed)
         except Exception as exc:  # any other failure ends the hunt; the first search already reported
-            new = _counterexamples(_leaves(exc))
+            new = [c for c in _counterexamples(_leaves(exc)) if c.key not in search.known]
             if new:
-                found = tuple(sorted((*found, *new), key=lambda c: _KIND_ORDER.index(c.kind)))
+                found = tuple(sorted((*found, *new), key=lambda c: _KEY_ORDER.index(c.key)))
                 continue
         break
     return found
@@ -474,6 +543,8 @@ class _Context:
     tolerance: Tolerance
     max_examples: int
     seed: int | None
+    #: What the searches noted that is no counterexample (aliasing outputs, see :func:`evaluate`).
+    notes: dict[str, str] = attrs.Factory(dict)
 
     def search_line(self, examples: int) -> str:
         seed = "derandomized" if self.seed is None else f"seed={self.seed}"
@@ -528,8 +599,10 @@ def unsound_report(context: _Context, found: Sequence[Counterexample], examples:
         lines += [f"  another counterexample: {other.headline}", *_counterexample_lines(other, "    ")]
     lines += [
         f"  tolerance:   {context.tolerance.describe(_output_dtype(first.pattern_output))}",
+        *([f"  numerics:    {describe_numerics(context.rule)}"] if context.rule.numerics else []),
         f"  domain:      {context.plan.domain.describe()}",
         f"  search:      {context.search_line(examples)}",
+        *note_lines(context),
         *repair.splitlines(),
         "  fix:         fix the replacement, or restrict the rule with a where= guard so it does not fire on "
         "such inputs, or declare domain=/tolerance= if such inputs cannot occur.",
@@ -569,6 +642,33 @@ def guard_report(context: _Context, exc: GuardRaised) -> str:
         f"  error:       {exc}",
         f"  domain:      {context.plan.domain.describe()}",
         "  fix:         make the guard return False for such inputs (e.g. check m['x'].dim() first).",
+    ])
+
+
+def note_lines(context: _Context) -> list[str]:
+    """What the searches saw that is no counterexample: an output aliasing an input on one side
+    only, and inputs on which the pattern raises but the replacement returns."""
+    lines = []
+    if "aliasing" in context.notes:
+        lines.append(f"  aliasing:    {context.notes['aliasing']}")
+    found = context.plan.pattern_errors.found if context.plan.pattern_errors is not None else None
+    if found is not None:
+        inputs, error = found
+        lines += ["  diverges:    the pattern raises where the replacement returns (not a counterexample: the rule "
+                  "never matches a program that raises, but after a rewrite such a program would run):",
+                  *_input_lines(inputs, "                 "), f"               the pattern raised {error}"]
+    return lines
+
+
+def untested_report(context: _Context, examples: int) -> str:
+    needed = enough_examples(context.max_examples)
+    return "\n".join([
+        f"rule '{context.rule.name}' could not be tested enough: only {examples} drawn input(s) were accepted by "
+        f"the pattern and its guards, fewer than the {needed} needed to call it sound",
+        context.rule_line(),
+        f"  domain:      {context.plan.domain.describe()}",
+        "  fix:         declare a domain whose inputs the pattern and its guards accept (dtypes, ranks, sides, "
+        "'inputs' for one argument, 'literals' for literal captures), so that the search can try the rule.",
     ])
 
 
