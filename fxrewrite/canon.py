@@ -79,6 +79,7 @@ __all__ = [
     "node_key",
     "node_keys",
     "op_key_of",
+    "pattern_identity",
     "respelled",
     "result_kind",
     "same_literal",
@@ -1245,6 +1246,36 @@ def identity_refusal(node: Any) -> str | None:
     """Why ``node``, an op that can be an identity, is not seen as one here (missing metadata, an
     active dropout, a written clone); ``None`` when it is one or cannot be one."""
     return _identity(node)[1]
+
+
+def pattern_identity(node: Node) -> tuple[Node, Any] | None:
+    """For a pattern node that may compute its input unchanged: ``(input, dtype)``, where
+    ``dtype`` is the dtype the matched value must have for that (a literal, or the pattern node
+    computing it: ``v.dtype``), or ``None`` when the node is an identity whatever the value (an
+    unwritten copy, dropout with ``training=False`` or ``p=0`` written as literals). The matcher
+    may then find the input where the graph has no such node. ``None`` for any other node."""
+    if node.op not in ("call_function", "call_method") or not node.args or not isinstance(node.args[0], Node):
+        return None
+    name = canonical_name(node.op, node.target) or ""
+    if name == "to":
+        conversion = dtype_conversion(node.op, node.target, node.args, node.kwargs)
+        return None if conversion is None else (node.args[0], conversion["dtype"])
+    if name in _COPIES and len(node.args) == 1:
+        return node.args[0], None
+    if name in _DROPOUTS or _is_dropout_function(node.target):
+        named = canonical_arguments(node.op, node.target, node.args, node.kwargs) or _dropout_arguments(node) or {}
+        train, p = named.get("train", named.get("training")), named.get("p")
+        if (train is False or (isinstance(p, (int, float)) and not isinstance(p, bool) and p == 0)) \
+                and not _inplace_flag(node):
+            return node.args[0], None
+    return None
+
+
+def _is_dropout_function(target: Any) -> bool:
+    try:
+        return target in _DROPOUT_FUNCTIONS
+    except TypeError:
+        return False
 
 
 def through_identities(value: Any) -> Any:

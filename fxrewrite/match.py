@@ -49,7 +49,7 @@ from .canon import (
     through_identities,
 )
 from .errors import MetadataError
-from .meta import value_of
+from .meta import tensor_value, value_of
 from .pattern import Param, Pattern
 
 __all__ = ["Match", "MatchOptions", "Rejection", "TensorView", "match_at", "module_refusal", "node_position"]
@@ -237,6 +237,9 @@ class _Search:
         #: Graph nodes the pattern looked through (identities: a no-op cast, inactive dropout, ...),
         #: each with the pattern node found behind it; they are part of the match.
         self.skipped: list[tuple[Node, Node]] = []
+        #: Pattern identities the graph lacks (``w.to(v.dtype)`` where the graph has ``w``): the
+        #: pattern node, the graph value standing for it, and the dtype that value must have.
+        self.assumed: list[tuple[Node, Any, Any]] = []
 
     # -- bookkeeping -------------------------------------------------------------------------
     def fail(self, pn: Any, gv: Any, reason: Callable[[], str]) -> None:
@@ -448,6 +451,19 @@ class _Search:
             self.skipped.append((gv, pn))
             yield from self.node(pn, behind)
             self.skipped.pop()
+        identity = self.pattern.identities.get(pn) if self.options.canonical else None
+        if identity is not None and isinstance(gv, Node) and not self.same_op(pn, gv):
+            yield from self.assumed_identity(pn, gv, *identity)
+
+    def assumed_identity(self, pn: Node, gv: Node, source: Node, dtype: Any) -> Iterator[None]:
+        """The pattern's identity ``pn`` (a cast, a copy, inactive dropout) where the graph has
+        none: its input is looked for at ``gv``; a cast holds if ``gv`` has the dtype it casts to
+        (checked once the match is complete, see :func:`_assumed_refusal`)."""
+        self.bind(pn, gv)
+        self.assumed.append((pn, gv, dtype))
+        yield from self.node(source, gv)
+        self.assumed.pop()
+        self.unbind(pn)
 
     def same_op(self, pn: Node, gv: Node) -> bool:
         """Does the graph node ``gv`` compute the pattern operation ``pn`` (by op key)?"""
@@ -636,7 +652,10 @@ def match_at(pattern: Pattern, anchor: Node, owner: torch.nn.Module | None, *,
             for reason in _folded_checks(search):
                 match = None
                 if reason is None:
-                    match, reason = _sound_match(pattern, search.p2g, anchor, modules, search.skipped)
+                    reason = _assumed_refusal(search)
+                if reason is None:
+                    match, reason = _sound_match(pattern, search.p2g, anchor, modules, search.skipped,
+                                                 [pn for pn, _, _ in search.assumed])
                 if match is not None:
                     yield match
                 elif on_reject is not None and reason is not None:
@@ -655,11 +674,13 @@ def _once() -> Iterator[None]:
 
 def _sound_match(pattern: Pattern, p2g: Mapping[Node, Any], anchor: Node,
                  modules: Mapping[str, torch.nn.Module],
-                 skipped: Iterable[tuple[Node, Node]] = ()) -> tuple[Match | None, Rejection | None]:
+                 skipped: Iterable[tuple[Node, Node]] = (),
+                 assumed: Iterable[Node] = ()) -> tuple[Match | None, Rejection | None]:
     inner: dict[Node, Node] = {}
+    absent = set(assumed)  # pattern identities the graph lacks: they compute nothing there
     for pn in pattern.inner_nodes:
         gv = p2g.get(pn)
-        if isinstance(gv, Node) and (pn not in pattern.value_nodes or pn in pattern.outputs):
+        if isinstance(gv, Node) and (pn not in pattern.value_nodes or pn in pattern.outputs) and pn not in absent:
             inner[gv] = pn
     for gv, pn in skipped:  # identities the pattern looked through: computed by the match too
         inner.setdefault(gv, pn)
@@ -694,6 +715,27 @@ def _sound_match(pattern: Pattern, p2g: Mapping[Node, Any], anchor: Node,
                                len(p2g))
     nodes = tuple(sorted([*inner, *checks], key=node_position))
     return Match(pattern, bindings, nodes, outputs, anchor, module_paths, dict(p2g)), None
+
+
+def _assumed_refusal(search: _Search) -> Rejection | None:
+    """Check the casts of the pattern that the graph lacks: each holds only where the value
+    already has the dtype the pattern casts to (by the graph's metadata)."""
+    for pn, gv, dtype in search.assumed:
+        if dtype is None:
+            continue
+        known = tensor_value(gv)
+        if known is None:
+            return Rejection(pn, gv, f"the graph has no {_op_name(pn)} where the pattern casts; it is a no-op only "
+                                     f"if '{gv.name}' already has the dtype, which needs metadata the graph does not "
+                                     f"carry", len(search.p2g))
+        try:
+            expected = dtype if isinstance(dtype, torch.dtype) else _evaluate(dtype, search.p2g, {})
+        except _NoMetadata:
+            expected = None
+        if expected != known.dtype:
+            return Rejection(pn, gv, f"the graph has no {_op_name(pn)} where the pattern casts to {expected}; "
+                                     f"'{gv.name}' is {known.dtype}", len(search.p2g))
+    return None
 
 
 def _known_dtype(node: Node) -> torch.dtype | None:

@@ -27,7 +27,7 @@ import torch
 import torch.fx as fx
 from torch.fx.node import Node
 
-from .canon import is_commutative_call, mutation, node_key, result_kind
+from .canon import is_commutative_call, mutation, node_key, pattern_identity, result_kind
 from .errors import RuleDefinitionError
 
 __all__ = ["LITERAL_TYPES", "Accept", "Param", "Pattern", "pattern_from_graph", "trace_pattern"]
@@ -110,6 +110,11 @@ class Pattern:
     #: the other only a constant: the graph's operands decide the order, see :func:`operand_kind`).
     #: The matcher walks such patterns without backtracking.
     choice_free: bool = False
+    #: Pattern nodes that may compute their input unchanged (``x.to(v.dtype)``, an unwritten
+    #: ``clone()``, ``dropout(x, p, training=False)``), with that input and the dtype the value must
+    #: have for it (``None``: always): where the graph has no such node, the matcher looks for
+    #: the input instead. Only nodes whose other arguments bind nothing that occurs nowhere else.
+    identities: Mapping[Node, tuple[Node, Any]] = attrs.field(factory=dict)
 
     def operand_kind(self, value: Any) -> OperandKind:
         """What the pattern value ``value`` can match: see :func:`operand_kind`."""
@@ -227,6 +232,7 @@ def pattern_from_graph(graph: fx.Graph, params: tuple[Param, ...] | None = None,
     anchor = outputs[-1] if len(outputs) == 1 else max(outputs, key=_position_in(graph))
     value_nodes = _value_nodes(graph)
     inner_nodes = tuple(n for n in graph.nodes if n.op in _INNER_OPS)
+    identities = _pattern_identities(inner_nodes, outputs)
     commutative = frozenset(n for n in inner_nodes if is_commutative_call(n.op, n.target, n.args, n.kwargs))
     return Pattern(
         graph=graph,
@@ -240,11 +246,40 @@ def pattern_from_graph(graph: fx.Graph, params: tuple[Param, ...] | None = None,
         depth=_depth(graph),
         inner_nodes=inner_nodes,
         anchor_input_keys=frozenset(node_key(a) for a in anchor.all_input_nodes
-                                    if a.op in _INNER_OPS and a not in value_nodes),  # values may be folded
+                                    # values may be folded, and identities absent
+                                    if a.op in _INNER_OPS and a not in value_nodes and a not in identities),
         value_nodes=value_nodes,
-        choice_free=(len(outputs) == 1 and not value_nodes and all(n.op != "call_module" for n in inner_nodes)
+        choice_free=(len(outputs) == 1 and not value_nodes and not identities
+                     and all(n.op != "call_module" for n in inner_nodes)
                      and all(_order_decided(n, param_of, value_nodes) for n in commutative)),
+        identities=identities,
     )
+
+
+def _pattern_identities(inner_nodes: tuple[Node, ...], outputs: tuple[Node, ...]) -> dict[Node, tuple[Node, Any]]:
+    """See :attr:`Pattern.identities`. Kept in place: the pattern's own outputs; an identity of a
+    variable (``x.contiguous().contiguous()``, ``linear(x.contiguous(), w)``: such a rule is *about*
+    the identity, and looking past it would match the rule's own result); and a node whose other
+    arguments read a placeholder that nothing else reads (``F.dropout(w, p=p, training=False)``
+    with ``p`` only there), so that every parameter binds."""
+    found: dict[Node, tuple[Node, Any]] = {}
+    for n in inner_nodes:
+        identity = pattern_identity(n)
+        if identity is None or n in outputs or identity[0].op == "placeholder":
+            continue
+        others = [a for a in n.all_input_nodes if a is not identity[0]]
+        if all(_read_elsewhere(a, n) for a in others):
+            found[n] = identity
+    return found
+
+
+def _read_elsewhere(value: Node, node: Node) -> bool:
+    """Does a placeholder feeding ``value`` (or ``value`` itself) reach the pattern's result other
+    than through ``node``?"""
+    roots = [value] if value.op == "placeholder" else [a for a in value.all_input_nodes if a.op == "placeholder"]
+    if value.op != "placeholder" and any(a.op != "placeholder" for a in value.all_input_nodes):
+        return False  # v.dtype of an intermediate value: keep it simple
+    return all(any(user is not node and user is not value for user in root.users) for root in roots)
 
 
 OperandKind = Literal["node", "constant"] | None

@@ -13,7 +13,7 @@ from _helpers import assert_rewrite_sound
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fxrewrite import Rule, find_matches, rewrite
+from fxrewrite import Rule, explain, find_matches, rewrite
 from fxrewrite.canon import (
     COMMUTATIVE,
     by_meaning,
@@ -569,3 +569,44 @@ def test_python_division_of_numbers_reads_1_and_1_0_alike_but_not_tensor_divisio
     ints = torch.arange(1, 5)
     assert canonical_name("call_function", operator.truediv) == "div"
     assert fires(lambda a: torch.exp(1 / a), tensor_rule, ints) == 1  # both are reciprocal(a)
+
+
+# ---- identities written in the pattern ----------------------------------------------------------
+
+def _cast_and_dropout(q, k, v):
+    w = torch.softmax(q @ k.transpose(-1, -2), dim=-1).to(v.dtype)
+    return torch.matmul(F.dropout(w, p=0.1, training=False), v)
+
+
+CAST_RULE = Rule.from_functions(_cast_and_dropout, lambda q, k, v: F.scaled_dot_product_attention(q, k, v, scale=1.0),
+                                name="cast_attention")
+QKV = (torch.randn(2, 3, 4, 8), torch.randn(2, 3, 5, 8), torch.randn(2, 3, 5, 8))
+
+
+def plain_attention(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1), -1) @ v
+
+
+def test_a_pattern_cast_and_dropout_the_graph_lacks_are_identities_where_the_dtype_fits():
+    assert fires(plain_attention, CAST_RULE, *QKV) == 1
+    assert fires(_cast_and_dropout, CAST_RULE, *QKV) == 1  # and where the graph has them
+
+
+def test_a_pattern_cast_the_graph_lacks_needs_metadata_and_a_fitting_dtype():
+    assert fires(plain_attention, CAST_RULE, *QKV, shapes=False) == 0
+    (miss, *_) = explain(plain_attention, CAST_RULE)["cast_attention"].misses
+    assert "needs metadata" in miss.reason
+    to_double = Rule.from_functions(lambda x: torch.exp(torch.tanh(x).double()), lambda x: torch.tanh(x).double().exp(),
+                                    name="exp_tanh_double")
+    assert fires(lambda a: torch.exp(torch.tanh(a)), to_double, X) == 0  # float32: the cast is no no-op
+    assert fires(lambda a: torch.exp(torch.tanh(a)), to_double, X.double()) == 1
+
+
+def test_a_pattern_dropout_whose_p_is_captured_only_there_keeps_its_place():
+    def pattern(x, p: float):
+        return torch.exp(F.dropout(torch.tanh(x), p=p, training=False))
+
+    rule = Rule.from_functions(pattern, lambda x, p: torch.exp(torch.tanh(x)), name="exp_drop_tanh")
+    assert rule.compiled.identities == {}
+    assert fires(lambda a: torch.exp(torch.tanh(a)), rule, X) == 0
+    assert fires(lambda a: torch.exp(F.dropout(torch.tanh(a), 0.2, False)), rule, X) == 1

@@ -261,15 +261,16 @@ CASES: dict[str, Case] = {
     "attention_where_mask_to_additive": fn(
         lambda q, k, v, c: torch.softmax(torch.where(c, q @ k.transpose(-2, -1), torch.finfo(torch.float32).min),
                                          -1) @ v,
-        x_(2, 2, 5, 16), x_(2, 2, 5, 16), x_(2, 2, 5, 16), lambda: torch.ones(5, 5, dtype=torch.bool).tril()),
+        x_(2, 2, 5, 16), x_(2, 2, 5, 16), x_(2, 2, 5, 16), lambda: torch.ones(5, 5, dtype=torch.bool).tril(),
+        shapes=True),
     "attention_where_and_additive_mask_to_additive": fn(  # GPT-Neo, with its mask value a literal
         lambda q, k, v, c, mask: torch.matmul(
             F.softmax(torch.where(c, torch.matmul(q, k.transpose(-1, -2)), -3.4028234663852886e+38) + mask, dim=-1), v),
         x_(2, 2, 5, 16), x_(2, 2, 5, 16), x_(2, 2, 5, 16), lambda: torch.ones(1, 1, 5, 5, dtype=torch.bool).tril(),
-        lambda: padding_mask(2, 5)),
+        lambda: padding_mask(2, 5), shapes=True),
     "attention_masked_fill_to_additive": fn(
         lambda q, k, v, mask: (q @ k.transpose(-2, -1) / 4.0).masked_fill(mask == 0, float("-inf")).softmax(-1) @ v,
-        x_(2, 2, 5, 16), x_(2, 2, 5, 16), x_(2, 2, 5, 16), lambda: torch.ones(5, 5).tril()),
+        x_(2, 2, 5, 16), x_(2, 2, 5, 16), x_(2, 2, 5, 16), lambda: torch.ones(5, 5).tril(), shapes=True),
     # ---- fusion.py / fusion.fxr
     "conv_bn_fold": module(lambda: nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), trained_bn(nn.BatchNorm2d(4))),
                            x_(2, 3, 8, 8)),
