@@ -232,3 +232,13 @@ def test_name_node_maps_equal_torch_fx_on_exported_graphs(pattern, inputs, ignor
     assert [_shown(m) for m in ours_found] == [_shown(m) for m in theirs_found]
     assert [m.name_node_map for m in ours_found] == [m.name_node_map for m in theirs_found]
     assert sorted(ours.name_node_map) == sorted(theirs.name_node_map)
+
+
+def test_a_bare_graph_without_an_owning_module_matches_as_in_torch_fx():
+    pattern = fx.symbolic_trace(Block()).graph
+    owned = fx.symbolic_trace(TwoBlocks()).graph
+    bare = fx.Graph()
+    bare.output(bare.graph_copy(owned, {}))
+    assert bare.owning_module is None
+    assert_same_matches(SubgraphMatcher(pattern).match(bare), FxMatcher(pattern).match(bare))
+    assert len(SubgraphMatcher(pattern).match(bare)) == 2
