@@ -656,6 +656,45 @@ def test_library_turns_boolean_masked_attention_into_sdpa(spelling):
     assert_rewrite_sound(f, result, *inputs, rtol=1e-4, atol=1e-5)
 
 
+class NanoGPTAttention(nn.Module):
+    """nanoGPT's CausalSelfAttention (its non-flash path): masked_fill(bias == 0, -inf) on the
+    scaled scores, softmax, dropout, @ v."""
+
+    def __init__(self, n_embd: int = 32, n_head: int = 4, block_size: int = 8) -> None:
+        super().__init__()
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
+        self.c_proj = nn.Linear(n_embd, n_embd)
+        self.attn_dropout = nn.Dropout(0.1)
+        self.n_head, self.n_embd = n_head, n_embd
+        self.register_buffer("bias", torch.tril(torch.ones(block_size, block_size)).view(1, 1, block_size, block_size))
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+        att = self.attn_dropout(F.softmax(att, dim=-1))
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        return self.c_proj(y)
+
+
+@pytest.mark.parametrize("how", ["traced", "traced with shapes", "exported"])
+def test_library_turns_nanogpt_attention_into_sdpa_when_it_has_shapes(how):
+    torch.manual_seed(0)
+    model, x = NanoGPTAttention().eval(), randn(2, 8, 32)
+    target = torch.export.export(model, (x,)) if how == "exported" else model
+    result = rewrite(target, LIBRARY, example_inputs=(x,) if how == "traced with shapes" else None)
+    result.module.graph.lint()
+    if how == "traced":  # no shapes: the block stays as written (the mask is not re-spelled for nothing)
+        assert "scaled_dot_product_attention" not in result.code and "masked_fill" in result.code, result.code
+    else:
+        assert "scaled_dot_product_attention" in result.code and "softmax" not in result.code, result.code
+    torch.testing.assert_close(result.module(x), model(x), rtol=1e-4, atol=1e-5)
+
+
 def test_a_boolean_mask_whose_value_does_not_absorb_the_scores_stays():
     """-1e4 + a score is not -1e4: on a row masked entirely the formula gives uniform weights, the
     additive form the softmax of the scores."""
