@@ -28,22 +28,26 @@ For each architecture the script
    ``rms_norm``, ...) and activation nodes (``gelu``, ``silu``, ...) after minus before; the
    rules that fired (the report); the wall time of ``fxrewrite.rewrite``;
 3. checks numerics: the exported program's module before and after, on the same inputs,
-   ``torch.testing.assert_close`` at its float32 defaults (pass/fail and the max abs diff);
+   ``torch.testing.assert_close`` at its float32 defaults (pass/fail and the max abs diff; a
+   rewritten program that raises is reported as such);
 4. for every attention block the rewrite left, names the reason: ``fxrewrite.explain`` with the
-   library's attention rules at the matmul that consumes the softmax, the closest miss;
+   library's attention rules at the matmul that consumes the softmax, the closest miss (and the
+   next two for other reasons), and shows the block's graph nodes;
 5. unless ``--no-inductor``: ``torch.compile(model, backend="inductor")`` on the same model and
    inputs, FX graph cache off, and reads ``torch._dynamo.utils.counters["inductor"]``:
    ``fuse_attention`` (one per attention pattern Inductor replaced with SDPA,
    ``torch/_inductor/fx_passes/fuse_attention.py``) and ``pattern_matcher_count`` (all its
-   pattern replacements), checked against the SDPA nodes of the post-grad graph, and the
-   compiled output against eager (max abs diff).
+   pattern replacements), beside the SDPA nodes a custom post-grad pass counts in the graphs
+   Inductor compiles (the details line says MISMATCH when the two differ), and the compiled
+   output against eager (max abs diff).
 
 ``fire_counts(rules, samples)`` is the per-rule fire count over the zoo for any rule set, and
 ``invariant_violations`` compares each rule alone with the rule plus the library
 (``tests/test_bench_zoo.py`` uses both).
 
-The exit code is 1 when a rewrite raises or a rewritten model's numbers differ; attention blocks
-left unconverted are reported, not failed.
+The exit code is 1 when a rewrite raises, a rewritten program raises or its numbers differ, or
+(``--invariant``) a rule is starved; attention blocks left unconverted and Inductor's counts are
+reported, not failed.
 """
 
 from __future__ import annotations
@@ -704,7 +708,8 @@ def details(rows: Sequence[Row]) -> str:
         fired = ", ".join(f"{name} x{n}" for name, n in sorted(r.fired.items())) or "(none)"
         inductor = ("" if r.inductor_attention is None else
                     f"; inductor: fuse_attention {r.inductor_attention}, {r.inductor_sdpa_nodes} SDPA node(s) "
-                    f"post-grad, {r.inductor_patterns} pattern replacement(s), max diff {r.inductor_max_diff:.1e}")
+                    f"post-grad{'' if r.inductor_sdpa_nodes == r.inductor_attention else ' (MISMATCH)'}, "
+                    f"{r.inductor_patterns} pattern replacement(s), max diff {r.inductor_max_diff:.1e}")
         lines.append(f"{r.arch} ({r.family}; {r.note}): {fired}{inductor}")
         for i, left in enumerate(r.left):
             lines.append(f"    left {left}")
