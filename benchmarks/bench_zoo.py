@@ -60,7 +60,7 @@ import time
 import traceback
 import warnings
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -400,14 +400,14 @@ def _closest_misses(explained: fxrewrite.Explanation) -> dict[str, list[tuple[st
     """{graph node: [(rule, miss)]}: the misses at each node, furthest first (rule order among
     equals), one per distinct reason."""
     found: dict[str, list[tuple[int, int, str, str]]] = {}
-    for order, rule in enumerate(explained.rules):
-        for miss in rule.misses:
-            found.setdefault(miss.graph_node, []).append((-miss.progress, order, rule.rule, str(miss)))
+    for order, explanation in enumerate(explained.rules):
+        for miss in explanation.misses:
+            found.setdefault(miss.graph_node, []).append((-miss.progress, order, explanation.rule, str(miss)))
     closest = {}
     for node, misses in found.items():
         reasons: dict[str, tuple[str, str]] = {}
-        for _, _, rule, miss in sorted(misses):
-            reasons.setdefault(_reason(miss), (rule, miss))
+        for _, _, rule, text in sorted(misses):
+            reasons.setdefault(_reason(text), (rule, text))
         closest[node] = list(reasons.values())
     return closest
 
@@ -463,7 +463,7 @@ class Row:
     error: str = ""
 
 
-def _run(module: nn.Module, sample: Sample) -> torch.Tensor:
+def _run(module: Callable[..., torch.Tensor], sample: Sample) -> torch.Tensor:
     with torch.no_grad():
         return module(*sample.args, **sample.kwargs)
 
