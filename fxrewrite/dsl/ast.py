@@ -333,7 +333,7 @@ class Setting:
 
 @attrs.frozen(kw_only=True)
 class Declaration:
-    """A ``tolerance`` or ``domain`` line: what the rule's property test may assume.
+    """A ``tolerance``, ``domain`` or ``numerics`` line: what the rule's property test may assume.
 
     ``tolerance rtol=1e-4, atol=1e-6`` and ``domain dtypes=(torch.float32,)`` have settings only;
     ``domain x: min_value=0.0`` sets them for the input ``x`` (``target``); ``domain n in (1, 2)``

@@ -32,7 +32,7 @@ import torch
 
 from ..errors import RuleDefinitionError
 from ..pattern import LITERAL_TYPES
-from ..rule import Rule, RuleSet
+from ..rule import Rule, RuleSet, parse_numerics
 from . import ast
 from .parse import MAX_DEPTH
 from .scope import (
@@ -239,7 +239,8 @@ def compile_rule(rule: ast.RuleDef, src: ast.SourceText, scope: Scope) -> Rule:
     _check_captures_bound(ctx, params)
     origin = f"{src.name}:{rule.span.line}"
     annotations = {name: ctx.capture_types[name] for name in params if name in ctx.capture_types}
-    tolerance, domain = _Declarations(ctx, params).read()
+    declarations = _Declarations(ctx, params)
+    tolerance, domain = declarations.read()
     return Rule.from_functions(
         _function(f"{rule.name}_pattern", params, pattern_body, annotations, origin),
         _function(f"{rule.name}_replacement", params, replacement_body, annotations, origin),
@@ -250,6 +251,7 @@ def compile_rule(rule: ast.RuleDef, src: ast.SourceText, scope: Scope) -> Rule:
         origin=origin,
         tolerance=tolerance,
         domain=domain,
+        numerics=declarations.numerics,
     )
 
 
@@ -295,11 +297,15 @@ class _Declarations:
         self.ctx, self.params = ctx, tuple(params)
         self.tolerance: dict[str, Any] = {}
         self.domain: dict[str, Any] = {}
+        #: The ``numerics`` line's contract (see fxrewrite.rule.NUMERICS), ``None`` without one.
+        self.numerics: str | None = None
         self._lines: dict[tuple[str, ...], int] = {}
 
     def read(self) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
         for d in self.ctx.rule.declarations:
-            if d.kind == "tolerance":
+            if d.kind == "numerics":
+                self._numerics(d)
+            elif d.kind == "tolerance":
                 for setting in d.settings:
                     self._set(("tolerance", setting.name), self._tolerance(setting), setting.span)
             elif d.values is not None:
@@ -320,6 +326,22 @@ class _Declarations:
         for part in key[1:-1]:
             table = table.setdefault(part, {})
         table[key[-1]] = value
+
+    def _numerics(self, d: ast.Declaration) -> None:
+        if ("numerics",) in self._lines:
+            raise self.ctx.error(d.span, f"numerics is declared twice (lines {self._lines[('numerics',)]} and "
+                                         f"{d.span.line}); declare it once.")
+        self._lines[("numerics",)] = d.span.line
+        try:
+            self.numerics = parse_numerics(d.target, f"rule '{self.ctx.rule.name}'")
+        except RuleDefinitionError:
+            raise self.ctx.error(d.span, f"unknown numerics contract '{d.target}'; write 'numerics tolerance', "
+                                         f"'numerics bitwise', 'numerics ulp K' (K a whole number) or "
+                                         f"'numerics as_precise'.") from None
+        if self.numerics not in (None, "tolerance") and any(x.kind == "tolerance" for x in self.ctx.rule.declarations):
+            spelled = str(d.target).replace(":", " ")
+            raise self.ctx.error(d.span, f"numerics {spelled} and a tolerance line both say how close is close "
+                                         f"enough; keep one (a tolerance goes with 'numerics tolerance').")
 
     def _tolerance(self, setting: ast.Setting) -> float:
         if setting.name not in TOLERANCE_SETTINGS:

@@ -443,6 +443,13 @@ class _ToAst(lark.visitors.Transformer_NonRecursive):
     def domain_values_line(self, meta: Any, name: Token, values: ast.Expr) -> ast.Declaration:
         return ast.Declaration(kind="domain", target=str(name), settings=(), values=values, span=_span(meta))
 
+    @v_args(inline=True, meta=True)
+    def numerics_line(self, meta: Any, name: Token, k: Token | None) -> ast.Declaration:
+        """``numerics bitwise``, ``numerics ulp 2``, ``numerics as_precise``: the contract's
+        spelling is checked when the rule is compiled."""
+        contract = str(name) if k is None else f"{name}:{k}"
+        return ast.Declaration(kind="numerics", target=contract, settings=(), values=None, span=_span(meta))
+
     @v_args(inline=True)
     def settings(self, *items: ast.Setting) -> tuple[ast.Setting, ...]:
         seen: set[str] = set()

@@ -45,6 +45,7 @@ from ._plan import InputPlan
 from ._plan import accepts as accepts
 from ._running import GuardHarness, GuardRaised, call_rule_function, match_for
 from ._values import DEFAULT_DTYPES, elements, tensor_shapes, tensors
+from ._values import DTYPE_SEPARATORS as DTYPE_SEPARATORS
 from ._values import MAX_DISTINCT_VALUES as MAX_DISTINCT_VALUES
 from ._values import ulp_neighbours as ulp_neighbours
 
