@@ -160,8 +160,8 @@ def test_apply_shows_the_rules_that_fired_and_one_line_for_the_rest(project):
     table = rows(out)
     assert list(table) == ["rule", "neg_neg", "wide_relu"]
     assert table["rule"] == ["fired", "guarded", "tried", "ms"]
-    assert table["neg_neg"][0] == "1" and table["wide_relu"][0] == "1"
-    assert "2 rewrite(s) in " in out and "1 other rule(s) did not match (0 of them were tried; --all lists them)" in out
+    assert table["neg_neg"][0] == "1" and table["wide_relu"][0] == "2"  # the eval dropout is seen through
+    assert "3 rewrite(s) in " in out and "1 other rule(s) did not match (0 of them were tried; --all lists them)" in out
 
 
 def test_apply_all_shows_every_rule(project):
@@ -169,7 +169,7 @@ def test_apply_all_shows_every_rule(project):
     assert code == 0
     table = rows(out)
     assert list(table) == ["rule", "neg_neg", "exp_log", "relu_relu"]
-    assert table["exp_log"][:3] == ["0", "0", "0"] and table["relu_relu"][0] == "1"
+    assert table["exp_log"][:3] == ["0", "0", "0"] and table["relu_relu"][0] == "2"  # through the eval dropout
     assert "did not match" not in out
 
 
@@ -211,11 +211,11 @@ def test_apply_add_rules_naming_a_standard_rule_again_is_an_error(project):
 def test_a_guard_without_shapes_refuses_and_the_table_says_how_to_get_them(project):
     code, out, err = run("apply", "net.py:model", "--rules", "wide.py")
     assert (code, err) == (0, "")
-    assert rows(out)["wide_relu"][:2] == ["0", "1"]
+    assert rows(out)["wide_relu"][:2] == ["0", "2"]  # both relu pairs (the eval dropout is seen through)
     assert "guards of wide_relu refused matches and the graph carries no shapes/dtypes" in out
     assert "add --shapes" in out and "--export" in out
     code, out, _ = run("apply", "net.py:model", "--rules", "wide.py", "--shapes")
-    assert rows(out)["wide_relu"][:2] == ["1", "0"] and "carries no shapes" not in out
+    assert rows(out)["wide_relu"][:2] == ["2", "0"] and "carries no shapes" not in out
 
 
 def test_linear_bn_fold_without_shapes_says_why_it_was_guarded_and_fires_with_them(project):
@@ -272,13 +272,16 @@ def test_check_passes_rewrites_that_only_round_differently(project):
 
 
 def test_explain_after_others_sees_the_graph_apply_leaves(project):
-    """An eval-mode dropout sits between two relus: the standard relu_relu misses there on the
-    traced graph, but the rest of the standard library removes the dropout, and then it matches."""
-    code, before, _ = run("explain", "net.py:model", "--rule", "relu_relu")
+    """-(-h) sits between two relus: the standard relu_relu misses there on the traced graph, but
+    the rest of the standard library removes it (double_neg), and then it matches. (An eval-mode
+    dropout would not do: the matcher sees through it.)"""
+    (project / "negs.py").write_text(MODEL.replace("torch.relu(self.drop(torch.relu(self.lin(x))))",
+                                                   "torch.relu(torch.neg(torch.neg(torch.relu(self.lin(x)))))"))
+    code, before, _ = run("explain", "negs.py:model", "--rule", "relu_relu")
     assert code == 0
     assert "match at 'relu_3'" in before and "match at 'relu_1'" not in before
-    assert "miss at 'relu_1' (relu_1 = torch.relu(drop))" in before
-    code, after, _ = run("explain", "net.py:model", "--rule", "relu_relu", "--after-others")
+    assert "miss at 'relu_1' (relu_1 = torch.relu(neg_1))" in before
+    code, after, _ = run("explain", "negs.py:model", "--rule", "relu_relu", "--after-others")
     others = len(fxrewrite.load_rules()) - 1
     assert code == 0
     assert after.splitlines()[0] == f"(explained against the graph after the other {others} rule(s) ran)"
