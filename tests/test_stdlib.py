@@ -716,7 +716,8 @@ def test_a_boolean_mask_whose_value_does_not_absorb_the_scores_stays():
 HF_NORMS = {
     "llama": ("llama", "LlamaRMSNorm", {torch.float32: "rms_norm_upcast_affine",
                                         torch.bfloat16: "rms_norm_upcast_affine"}),
-    "gemma": ("gemma", "GemmaRMSNorm", {torch.float32: "rms_norm_upcast_gemma",
+    # in float32 Gemma's casts are no-ops too, and Llama's rule (w := 1 + w.float()) computes the same
+    "gemma": ("gemma", "GemmaRMSNorm", {torch.float32: ("rms_norm_upcast_gemma", "rms_norm_upcast_affine"),
                                         torch.bfloat16: "rms_norm_upcast_gemma"}),
     # in float32 every cast is a no-op: T5's rule and Llama's (whose downcast the matcher then does
     # not need) compute the same, and the first in the library takes it
@@ -730,6 +731,25 @@ def _hf_class(module: str, name: str) -> type:
     import importlib
 
     return getattr(importlib.import_module(f"transformers.models.{module}.modeling_{module}"), name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("name", ["gemma", "llama"])
+def test_library_fuses_hugging_face_rms_norms_traced(name, dtype):
+    """The same classes under symbolic_trace (T5LayerNorm's ``if`` on its weight's dtype does not
+    trace): the casts are call_method nodes (``.to(torch.float32)``, ``.float()``, ``.type_as``)."""
+    module, cls, expected = HF_NORMS[name]
+    torch.manual_seed(0)
+    norm = _hf_class(module, cls)(16).eval()
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    norm = norm.to(dtype)
+    x = (randn(2, 5, 16) * 3).to(dtype)
+    result = rewrite(norm, LIBRARY, example_inputs=(x,))
+    names = expected[dtype] if isinstance(expected[dtype], tuple) else (expected[dtype],)
+    assert sum(result.report.applied[n] for n in names) == 1, result.report.applied
+    assert "rms_norm" in result.code and "rsqrt" not in result.code, result.code
+    assert_rewrite_sound(norm, result, x, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
