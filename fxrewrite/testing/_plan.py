@@ -119,6 +119,8 @@ class InputPlan:
     zero_dim_dtypes: tuple[torch.dtype, ...] = ()
     #: Dtype captures always drawn as a pair, float tensors holding only values that tell dtypes apart.
     separating: bool = False
+    #: A tensor argument always of another dtype than the others (which share one).
+    own_dtype: str | None = None
     #: Where inputs the pattern raises on are tried on the replacement (``None``: they are not).
     pattern_errors: PatternErrors | None = None
 
@@ -157,6 +159,19 @@ class InputPlan:
 
     def config(self, dtype: torch.dtype, rank: int) -> _Config:
         return next((c for c in self.configs if c.dtype == dtype and c.rank == rank), _Config(dtype, rank))
+
+    @property
+    def deviants(self) -> tuple[str, ...]:
+        """With three tensor arguments or more: those that can take a dtype of their own (a float32
+        mask beside float16 ``q``, ``k``, ``v``)."""
+        if len(self.tensors) < 3 or not self.domain.mixed_dtypes:
+            return ()
+        return tuple(p.name for p in self.tensors if len(self.param_dtypes(p.name)) > 1
+                     and self.domain.tensor_domain(p.name).dtypes is None)
+
+    def with_own_dtype(self, name: str) -> InputPlan:
+        """This plan, where tensor argument ``name`` has another dtype than the others."""
+        return attrs.evolve(self, own_dtype=name)
 
     def with_separation(self) -> InputPlan:
         """This plan, with its dtype captures drawn as pairs that convert differently and float
@@ -268,6 +283,9 @@ def _argument_dtype(draw: Any, plan: InputPlan, config: _Config, param: Param, m
         return draw(st.sampled_from(own))
     if param.name == plan.zero_dim:
         return draw(st.sampled_from(plan.zero_dim_dtypes))
+    if param.name == plan.own_dtype:
+        others = [d for d in _tensor_dtypes(plan, param) if d != config.dtype]
+        return draw(st.sampled_from(others)) if others else config.dtype
     if mixed:
         return draw(st.sampled_from(_tensor_dtypes(plan, param)))
     return dict(config.overrides).get(param.name, config.dtype)
@@ -305,6 +323,11 @@ def _tensor_inputs(draw: Any, plan: InputPlan, config: _Config, base: tuple[int,
     leads there from shapes that broadcast to ``base`` and from mixed dtypes."""
     mixed = plan.domain.mixed_dtypes and len(plan.tensors) > 1 and draw(st.booleans(), label="mixed dtypes")
     mixed = mixed and plan.zero_dim is None
+    # with three tensor arguments or more, one of them takes a dtype of its own (q, k, v stay alike)
+    names = [p.name for p in plan.tensors]
+    deviant = draw(st.sampled_from(names), label="own dtype") if mixed and len(names) > 2 else None
+    if plan.own_dtype is not None:
+        mixed, deviant = False, plan.own_dtype
     related = plan.broadcastable
     out = {}
     drawn_values: dict[torch.dtype, list[Any]] = {}
@@ -315,7 +338,7 @@ def _tensor_inputs(draw: Any, plan: InputPlan, config: _Config, base: tuple[int,
         shape = draw(_related_shape(base, plan.domain.ranks[1], smaller)) if param.name in related else fixed
         if param.name == plan.zero_dim:
             shape = ()
-        dtype = _argument_dtype(draw, plan, config, param, mixed)
+        dtype = _argument_dtype(draw, plan, config, param, mixed and deviant in (None, param.name))
         values = draw(_value_lists(dtype, math.prod(shape), own.min_value, own.max_value, own.special_values,
                                    plan.separates_dtypes, plan.separating))
         earlier = drawn_values.get(dtype)

@@ -439,6 +439,8 @@ def _search(context: _Context, searches: list[_Search]) -> None:
         _focused_search(context, plan.with_smaller(name), budget, searches)
     for name in plan.promotable:
         _focused_search(context, plan.with_zero_dim(name), min(ZERO_DIM_EXAMPLES, budget), searches)
+    for name in plan.deviants:
+        _focused_search(context, plan.with_own_dtype(name), budget, searches)
     if plan.separates_dtypes:
         _focused_search(context, plan.with_separation(), min(DTYPE_PAIR_EXAMPLES, context.max_examples), searches)
     main = _Search(context.rule, context.tolerance, notes=context.notes)
