@@ -23,15 +23,13 @@ from torch import nn
 
 import fxrewrite
 from fxrewrite.errors import ModuleWriteError, RewriteError
+from fxrewrite.testing.strategies import default_module
 
 
-def _randomized_bn(channels: int) -> nn.BatchNorm2d:
-    bn = nn.BatchNorm2d(channels)
-    with torch.no_grad():
-        bn.running_mean.uniform_(-1.0, 1.0)
-        bn.running_var.uniform_(0.5, 2.0)
-        bn.weight.uniform_(0.5, 1.5)
-        bn.bias.uniform_(-0.5, 0.5)
+def _randomized_bn(channels: int) -> nn.Module:
+    """An eval-mode BatchNorm2d with random statistics and affine parameters."""
+    bn = default_module(nn.BatchNorm2d, width=channels, kernel=1, bias=True)
+    assert bn is not None
     return bn
 
 
