@@ -232,13 +232,19 @@ def _sdpa_mask_promoted(q, k, v, mask):
                                           scale=1.0).type_as(q)
 
 
+def _fp32_mask(m) -> bool:  # type: ignore[no-untyped-def]
+    """The patterns #196118 adds: a float32 mask (added to the scores in float32 by eager too; with a
+    float16 mask eager rounds the sum to float16, which a fused kernel does not)."""
+    return m["mask"].dtype == torch.float32
+
+
 _HALF_ATTENTION = {"dtypes": (torch.float16, torch.float32), "special_values": False,
                    "inputs": {n: {"min_value": -2.0, "max_value": 2.0} for n in "qkv"}}
 
 _bug("sdpa_mask_cast", "pytorch/pytorch#195784", "https://github.com/pytorch/pytorch/issues/195784", "values",
-     _rule("sdpa_mask_cast_buggy", _float_mask_attention, _sdpa_mask_as_query, where=_attention_ranks,
+     _rule("sdpa_mask_cast_buggy", _float_mask_attention, _sdpa_mask_as_query, where=(_attention_ranks, _fp32_mask),
            domain=_HALF_ATTENTION, tolerance={"rtol": 2e-2, "atol": 2e-2}),
-     _rule("sdpa_mask_cast_fixed", _float_mask_attention, _sdpa_mask_promoted, where=_attention_ranks,
+     _rule("sdpa_mask_cast_fixed", _float_mask_attention, _sdpa_mask_promoted, where=(_attention_ranks, _fp32_mask),
            domain=_HALF_ATTENTION, tolerance={"rtol": 2e-2, "atol": 2e-2}))
 
 
