@@ -386,10 +386,12 @@ def _index_literals(plan: InputPlan) -> list[str]:
 
 
 @st.composite
-def _literal_values(draw: Any, plan: InputPlan) -> dict[str, Any]:
+def _literal_values(draw: Any, plan: InputPlan, base: Sequence[int] = ()) -> dict[str, Any]:
     """The literal captures: each drawn on its own, or (when there are several undeclared
     ``int`` captures) as a permutation of ``range(n)``, each index possibly counted from the
-    end: every permutation of a small rank is drawn, which independent draws hardly hit."""
+    end: every permutation of a small rank is drawn, which independent draws hardly hit; or as
+    sizes that add up to one of the ``base`` shape's sides (split sizes, narrow's start and
+    length), which independent draws hit as rarely."""
     values = {p.name: draw(_literal_strategy(plan, p)) for p in plan.literals}
     dtypes = [p.name for p in plan.literals if p.annotation is torch.dtype and p.name not in plan.domain.literals]
     if len(dtypes) > 1 and (plan.separating or draw(st.booleans(), label="dtype pair")):
@@ -399,6 +401,10 @@ def _literal_values(draw: Any, plan: InputPlan) -> dict[str, Any]:
         order = draw(st.permutations(range(len(group))))
         from_end = draw(st.lists(st.booleans(), min_size=len(group), max_size=len(group)))
         values.update({name: i - len(group) if neg else i for name, i, neg in zip(group, order, from_end)})
+    elif len(group) > 1 and base and draw(st.integers(0, 3), label="sizes of a side") == 1:
+        side = draw(st.sampled_from(list(base)))
+        cuts = sorted(draw(st.lists(st.integers(0, side), min_size=len(group) - 1, max_size=len(group) - 1)))
+        values.update(zip(group, (end - start for start, end in zip([0, *cuts], [*cuts, side]))))
     return values
 
 
@@ -415,7 +421,7 @@ def _raw_inputs(draw: Any, plan: InputPlan) -> dict[str, Any]:
     config = plan.config(dtype, len(sides))
     base = _base_shape(plan, sides, modules)
     values = draw(_tensor_inputs(plan, config, base))
-    literals = draw(_literal_values(plan))
+    literals = draw(_literal_values(plan, base))
     merged = {**values, **literals, **modules}
     return {p.name: merged[p.name] for p in plan.rule.compiled.params}
 

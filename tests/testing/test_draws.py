@@ -153,3 +153,14 @@ def test_inputs_the_pattern_raises_on_but_the_replacement_does_not_are_reported(
     assert result.ok, result.message
     assert "diverges:    the pattern raises where the replacement returns" in result.message
     assert "the pattern raised RuntimeError: view size is not compatible" in result.message
+
+
+def test_int_captures_are_drawn_as_sizes_that_add_up_to_a_side():
+    def split_second(x, a: int, b: int, c: int):
+        return torch.split_with_sizes(x, [a, b, c], -1)[1]
+
+    strategy = plan_inputs(_rule(split_second, lambda x, a, b, c: x.narrow(-1, a, b))).strategy()
+    found = find(strategy, lambda d: d["x"].dim() >= 1 and d["x"].shape[-1] >= 3
+                 and sorted((d["a"], d["b"], d["c"])) != [0, 1, 2] and min(d["a"], d["b"], d["c"]) >= 1,
+                 settings=FIND)
+    assert found["a"] + found["b"] + found["c"] == found["x"].shape[-1]
