@@ -64,6 +64,7 @@ __all__ = [
     "by_meaning",
     "canonical_arguments",
     "canonical_name",
+    "constant_scalar",
     "dtype_conversion",
     "identity_refusal",
     "identity_source",
@@ -1059,7 +1060,8 @@ def _lined_up_by_meaning(name: str, pn: Node, gn: Node
 
 
 def _named_arguments(node: Node) -> dict[str, Any] | None:
-    found = respelled(node) if op_key_of(node.op, node.target) in _RESPELLABLE_KEYS else None
+    key = op_key_of(node.op, node.target)
+    found = respelled(node) if key in _RESPELLABLE_KEYS or _in_place_key(key) else None
     if found is not None:
         return found[1]
     if node.op == "call_function" and node.target is operator.getitem and len(node.args) == 2 and not node.kwargs:
@@ -1212,7 +1214,8 @@ IDENTITIES: Mapping[str, str] = {
           "the value already has (from metadata)",
     "dropout": "dropout that is inactive: training=False or p=0 (F.dropout and its 1d/2d/3d/alpha forms, "
                "aten.dropout, an nn.Dropout module in eval mode)",
-    "clone": "clone, contiguous, alias, detach or lift_fresh_copy of a value that nothing writes into",
+    "clone": "clone, alias, detach or lift_fresh_copy of a value that nothing writes into, keeping its layout; "
+             "contiguous() of a value the metadata shows to be contiguous already",
     "view": "view, reshape, expand or _unsafe_view to the shape the value already has (from metadata)",
     "mul": "a multiplication or division by the literal 1 that keeps the value's dtype and shape (from metadata)",
 }
@@ -1342,8 +1345,22 @@ def _holds_conversion(node: Node, source: Node) -> str | None:
 
 
 def _holds_copy(node: Node, source: Node) -> str | None:
+    """A copy has its source's value, but a ``view`` of it may work where a view of the source
+    raises: a copy that may change the layout (``contiguous()``, ``clone(memory_format=...)``)
+    is an identity only where the source is contiguous already."""
     if is_written(node) or is_written(source):
         return f"'{node.name}' copies '{source.name}', and one of them is written in place"
+    memory_format = node.kwargs.get("memory_format", node.args[1] if len(node.args) > 1 else None)
+    changes_layout = canonical_name(node.op, node.target) == "contiguous" or memory_format not in (
+        None, torch.preserve_format)
+    if changes_layout:
+        from .meta import tensor_value
+
+        known = tensor_value(source)
+        if not isinstance(known, torch.Tensor):
+            return f"'{node.name}' may change the layout of '{source.name}', whose strides the graph does not carry"
+        if not known.is_contiguous():
+            return f"'{node.name}' makes the non-contiguous '{source.name}' contiguous (a later view may need it)"
     return None
 
 
@@ -1482,7 +1499,7 @@ def node_key(node: Node) -> Hashable:
     [('aten', 'unsqueeze'), ('aten', 'reciprocal'), ('aten', 'transpose')]
     """
     key = op_key_of(node.op, node.target)
-    if key in _RESPELLABLE_KEYS:
+    if key in _RESPELLABLE_KEYS or _in_place_key(key):
         found = respelled(node)
         if found is not None:
             return _respelled_key(found[0])
@@ -1495,7 +1512,7 @@ def node_keys(node: Node, canonical: bool = True) -> tuple[Hashable, ...]:
     two dims is a transpose, and still a permute to a rule about permutes). Without
     ``canonical``: the target as written only (torch.fx's notion of "same op")."""
     key = op_key_of(node.op, node.target, canonical)
-    if canonical and key in _RESPELLABLE_KEYS:
+    if canonical and (key in _RESPELLABLE_KEYS or _in_place_key(key)):
         found = respelled(node)
         if found is not None:
             return (_respelled_key(found[0]), key)
@@ -1507,6 +1524,12 @@ _GETITEM_KEY: Hashable = ("call_function", operator.getitem)
 
 def _respelled_key(name: str) -> Hashable:
     return _GETITEM_KEY if name == "getitem" else ("aten", name)
+
+
+def _in_place_key(key: Hashable) -> bool:
+    """The key of an in-place ATen op (``("aten", "div_")``)."""
+    return (type(key) is tuple and len(key) == 2 and key[0] == "aten" and isinstance(key[1], str)
+            and key[1].endswith("_") and not key[1].endswith("__"))
 
 
 _INPUT_KEY_DEPTH = 4  # identities looked through when collecting the keys feeding a node
@@ -1550,6 +1573,8 @@ def respelled(node: Node) -> tuple[str, dict[str, Any]] | None:
     name = canonical_name(node.op, node.target)
     if name == "mT" and node.args and isinstance(node.args[0], Node):
         return _matrix_transpose(node.args[0])
+    if name is not None and _in_place_key(("aten", name)):
+        return _in_place_as_functional(node, name)
     if name == "div":
         return _one_over(node)
     if name == "permute":
@@ -1599,6 +1624,22 @@ def _index_as_unsqueeze(node: Node) -> tuple[str, dict[str, Any]] | None:
     else:
         dim = at
     return "unsqueeze", {"self": source, "dim": dim}
+
+
+def _in_place_as_functional(node: Node, name: str) -> tuple[str, dict[str, Any]] | None:
+    """``a.div_(s)`` where nothing but this call ever sees ``a`` (a fresh tensor no other node
+    reads, views or writes) computes what ``a.div(s)`` computes: no one can observe the write
+    (Falcon's ``scores /= math.sqrt(d)``, as torch.export keeps it)."""
+    functional = name[:-1]
+    source = node.args[0] if node.args else None
+    if not isinstance(source, Node) or not hasattr(torch.ops.aten, functional):
+        return None
+    if source.op not in ("call_function", "call_method") or list(source.users) != [node]:
+        return None
+    if aliased_inputs(source) or result_kind(source) != "tensor" or mutation(source) is not None:
+        return None  # a view of something else, or an in-place result itself: the write is seen elsewhere
+    found = _resolve(getattr(torch.ops.aten, functional), node.args, node.kwargs)
+    return None if found is None else (functional, found[1])
 
 
 def _full_slice(entry: Any) -> bool:
@@ -1689,3 +1730,41 @@ def meaning_input(name: str, named_or_values: Any) -> Any:
     if name in _JOINS and isinstance(first, (list, tuple)):
         return first[0] if first else None
     return first
+
+
+# -- constants held in tensors ---------------------------------------------------------------
+
+#: Calls a one-element tensor constant passes through unchanged on its way into a computation
+#: (``torch.tensor(-1e9)`` in ``forward`` exports as ``detach_(lift_fresh_copy(c))``).
+_CONSTANT_WRAPPERS = frozenset({"lift_fresh_copy", "detach", "detach_", "clone", "alias"})
+
+
+def constant_scalar(node: Any) -> Any:
+    """The number a 0-d tensor constant holds, when ``node`` is one (a module attribute, or an
+    exported program's lifted constant whose value :mod:`fxrewrite.exported` lends as
+    ``meta["fxrewrite_constant"]``), seen through the copies and identities in front of it;
+    ``None`` otherwise. A literal capture (``m: float``) binds it as it binds a written number.
+
+    >>> gm = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph())
+    >>> gm.register_buffer("c", torch.tensor(-1e9))
+    >>> c = gm.graph.get_attr("c")
+    >>> constant_scalar(gm.graph.call_function(torch.ops.aten.detach.default, (c,)))
+    -1000000000.0
+    """
+    for _ in range(_INPUT_KEY_DEPTH * 2):
+        if not isinstance(node, Node):
+            return None
+        if node.op in ("placeholder", "get_attr"):
+            value = node.meta.get("fxrewrite_constant") if node.op == "placeholder" else _attribute_value(node)
+            if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.is_complex():
+                return value.item()
+            return None
+        name = canonical_name(node.op, node.target) if node.op != "call_method" else str(node.target)
+        if name in _CONSTANT_WRAPPERS and node.args:
+            node = node.args[0]
+            continue
+        source = identity_source(node)
+        if source is None:
+            return None
+        node = source
+    return None

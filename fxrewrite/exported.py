@@ -71,6 +71,7 @@ def rewrite_program(program: ExportedProgram, ruleset: RuleSet, *, inplace: bool
     from .target import to_graph_module
 
     lifted = to_graph_module(program.graph_module)  # a copy: the program is never modified
+    _lend_scalar_constants(lifted, program)
     pinned = _pin_boundaries(lifted, program)
     result = rewrite(lifted, ruleset, **options)
     renamed = _unpin_boundaries(result.module, pinned)
@@ -121,6 +122,21 @@ def _boundary_names(program: ExportedProgram) -> list[str]:
                 if isinstance(getattr(arg, "name", None), str):
                     names.setdefault(arg.name)
     return list(names)
+
+
+def _lend_scalar_constants(gm: fx.GraphModule, program: ExportedProgram) -> None:
+    """Give the placeholders of lifted one-element tensor constants (``torch.tensor(-1e9)`` in
+    ``forward``) their value as ``meta["fxrewrite_constant"]``, so a literal capture can bind the
+    number (see :func:`fxrewrite.canon.constant_scalar`); the graph otherwise holds only their fake
+    tensors."""
+    signature = program.graph_signature
+    names = {spec.arg.name: spec.target for spec in signature.input_specs
+             if spec.kind == InputKind.CONSTANT_TENSOR and isinstance(spec.arg, TensorArgument)}
+    for node in gm.graph.nodes:
+        if node.op == "placeholder" and node.name in names:
+            value = program.constants.get(names[node.name])
+            if isinstance(value, torch.Tensor) and value.numel() == 1 and value.dim() == 0:
+                node.meta["fxrewrite_constant"] = value.detach().clone()
 
 
 def _pin_boundaries(gm: fx.GraphModule, program: ExportedProgram) -> list[str]:

@@ -36,6 +36,7 @@ from torch.fx.node import Node
 from . import _torch
 from .canon import (
     attribute_at,
+    constant_scalar,
     identity_source,
     is_check,
     is_commutative_call,
@@ -328,6 +329,11 @@ class _Search:
                 return gv
             return self.refuse(pn, gv, lambda: f"module capture '{param.name}' can only bind a submodule path, not "
                                                f"{_show(gv)}")
+        if param.kind == "literal" and isinstance(gv, Node) and self.options.canonical \
+                and param.annotation is not torch.dtype:
+            number = constant_scalar(gv)  # a 0-d tensor constant: torch.tensor(-1e9) in forward
+            if number is not None and param.accepts_literal(number):
+                return number
         if param.kind == "literal" and param.annotation is torch.dtype and isinstance(gv, Node):
             known = _known_dtype(gv)  # a dtype the graph computes (x.to(y.dtype)), known from its metadata
             if known is not None:

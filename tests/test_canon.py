@@ -610,3 +610,59 @@ def test_a_pattern_dropout_whose_p_is_captured_only_there_keeps_its_place():
     assert rule.compiled.identities == {}
     assert fires(lambda a: torch.exp(torch.tanh(a)), rule, X) == 0
     assert fires(lambda a: torch.exp(F.dropout(torch.tanh(a), 0.2, False)), rule, X) == 1
+
+
+def test_contiguous_is_an_identity_only_of_a_value_that_is_contiguous_already():
+    """A view after contiguous() works where a view of the transposed value raises: looking past
+    it would make the rewritten program raise."""
+    flatten = Rule.from_functions(lambda x: torch.exp(torch.tanh(x).view(-1)),
+                                  lambda x: torch.tanh(x).view(-1).exp(), name="exp_tanh_view")
+    assert fires(lambda a: torch.exp(torch.tanh(a).contiguous().view(-1)), flatten, X) == 1
+    assert fires(lambda a: torch.exp(torch.tanh(a.t()).contiguous().view(-1)), flatten, X) == 0
+
+
+def test_an_in_place_op_on_a_fresh_tensor_nobody_else_reads_is_its_functional_op():
+    class Scaled(torch.nn.Module):
+        def forward(self, a, b):
+            scores = a @ b
+            scores /= 2.0  # Falcon's spelling; torch.export keeps aten.div_
+            return torch.softmax(scores, -1)
+
+    class Shared(torch.nn.Module):
+        def forward(self, a, b):
+            scores = a @ b
+            kept = scores * 1.5
+            scores /= 2.0  # kept read scores before the write: not a plain division
+            return torch.softmax(scores, -1) + kept
+
+    rule = Rule.from_functions(lambda x, y: torch.softmax(x @ y / 2.0, -1), lambda x, y: torch.softmax(x @ y * 0.5, -1),
+                               name="softmax_half")
+    a, b = torch.randn(3, 4), torch.randn(4, 5)
+    for model, count in ((Scaled(), 1), (Shared(), 0)):
+        program = torch.export.export(model, (a, b))
+        result = rewrite(program, rule)
+        assert result.report.applied["softmax_half"] == count, type(model).__name__
+        torch.testing.assert_close(result.module(a, b), model(a, b))
+
+
+def test_a_literal_capture_binds_the_number_a_0d_tensor_constant_holds():
+    """GPT-Neo's mask value is torch.tensor(finfo.min): exported, a lifted constant behind
+    lift_fresh_copy and detach_."""
+    def where_pattern(c, s, m: float):
+        return torch.softmax(torch.where(c, s, m), -1)
+
+    rule = Rule.from_functions(where_pattern, lambda c, s, m: torch.softmax(s.masked_fill(~c, m), -1), name="where_m")
+
+    class Masked(torch.nn.Module):
+        def forward(self, c, s):
+            return torch.softmax(torch.where(c, s, torch.tensor(-1e9)), -1)
+
+    class Vector(torch.nn.Module):
+        def forward(self, c, s):
+            return torch.softmax(torch.where(c, s, torch.tensor([-1e9, -1e9, -1e9, -1e9])), -1)
+
+    c, s = torch.rand(3, 4) > 0.3, torch.randn(3, 4)
+    for model, count in ((Masked(), 1), (Vector(), 0)):
+        result = rewrite(torch.export.export(model, (c, s)), rule)
+        assert result.report.applied["where_m"] == count, type(model).__name__
+        torch.testing.assert_close(result.module(c, s), model(c, s))
