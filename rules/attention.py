@@ -202,6 +202,60 @@ _mask_fits = _masks_fit("mask")
 _MASKED_DOMAIN = {**_DOMAIN, "shapes": "broadcast"}
 
 
+# ---- ALiBi attention on (batch * heads) rows (Bloom) ---------------------------------------------
+# Bloom computes its scores with baddbmm on batch*heads rows, viewed as (b, h, t, -1) to add the
+# mask, then viewed back for bmm: scaled_dot_product_attention on the (b, h) view, with the ALiBi
+# bias (one row per batch*head) and the mask added into attn_mask.
+
+
+def _alibi_fits(m: fxrewrite.Match) -> bool:
+    """Strict guard: the two views split and join the batch*heads dimension as (b, h) and keep the
+    query length, the bias has one row per batch*head and broadcasts over the queries, the mask
+    broadcasts to the (b, h, t, keys) scores without enlarging them, all of one floating dtype."""
+    q, kt, v, bias, mask = (view(m, n) for n in ("q", "kt", "v", "bias", "mask"))
+    if any(t is None for t in (q, kt, v, bias, mask)) or (q.dim(), kt.dim(), v.dim(), bias.dim()) != (3, 3, 3, 3):
+        return False
+    b, h, t, n, bh, t2, n2 = (m[name] for name in ("b", "h", "t", "n", "bh", "t2", "n2"))
+    keys = kt.shape[-1]
+    rows = q.shape[0]
+    if not (b * h == bh == rows == kt.shape[0] == v.shape[0] and t == t2 == q.shape[1] and n in (-1, keys)
+            and n2 in (-1, keys) and v.shape[1] == keys and m["beta"] == 1 and math.isfinite(m["s"])):
+        return False
+    if bias.shape[0] != rows or bias.shape[1] != 1 or bias.shape[2] not in (1, keys) or mask.dim() > 4:
+        return False
+    if not q.dtype.is_floating_point or any(x.dtype != q.dtype for x in (kt, v, bias, mask)):
+        return False
+    try:
+        return torch.broadcast_shapes((b, h, t, keys), mask.shape) == torch.Size((b, h, t, keys))
+    except RuntimeError:
+        return False
+
+
+_ALIBI_SHAPES = {"q": (4, 3, 5), "kt": (4, 5, 6), "v": (4, 6, 2), "bias": (4, 1, 6), "mask": (2, 1, 3, 6)}
+
+
+@fxrewrite.rule(priority=PRIORITY, where=_alibi_fits, tolerance=_TOLERANCE,
+                domain={**_DOMAIN, "dtypes": (torch.float32, torch.float64),
+                        "inputs": {name: {"shape": shape} for name, shape in _ALIBI_SHAPES.items()},
+                        "literals": {"s": (0.5, 0.125), "beta": (1.0, 1), "b": (2,), "h": (2,), "t": (3,),
+                                     "n": (-1, 6), "bh": (4,), "t2": (3,), "n2": (-1, 6)}})
+def attention_alibi_bmm(q, kt, v, bias, mask, s: float, beta: float, b: int, h: int, t: int, n: int, bh: int,
+                        t2: int, n2: int):
+    "Replaces Bloom's bmm(softmax(baddbmm(bias, q, kt, alpha=s).view(b, h, t, n) + mask, -1).view(bh, t, n), v) by scaled_dot_product_attention on the (b, h) view with attn_mask=bias + mask."
+    scores = torch.baddbmm(bias, q, kt, beta=beta, alpha=s).view(b, h, t, n) + mask
+    return torch.bmm(torch.softmax(scores, -1).view(bh, t2, n2), v)
+
+
+@attention_alibi_bmm.replacement
+def attention_alibi_bmm(q, kt, v, bias, mask, s: float, beta: float, b: int, h: int, t: int, n: int,  # noqa: F811
+                        bh: int, t2: int, n2: int):
+    heads = (b, h)
+    out = F.scaled_dot_product_attention(q.unflatten(0, heads), kt.transpose(-2, -1).unflatten(0, heads),
+                                         v.unflatten(0, heads), attn_mask=bias.unflatten(0, heads) + mask,
+                                         scale=float(s))
+    return out.flatten(0, 1)
+
+
 @fxrewrite.rule(priority=PRIORITY, where=(finite("s"), _mask_fits), tolerance=_TOLERANCE,
                 domain={**_MASKED_DOMAIN, "literals": {"s": (0.125, 0.5, 1.0, 2.0)}})
 def attention_masked(q, k, v, mask, s: float):

@@ -238,6 +238,9 @@ CASES: dict[str, Case] = {
     "attention_inverse_sqrt_dim": fn(
         lambda q, k, v: F.softmax((q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1))), dim=-1) @ v,
         x_(2, 4, 5, 8), x_(2, 4, 5, 8), x_(2, 4, 5, 8)),
+    "attention_alibi_bmm": fn(lambda q, k, v, bias, mask: torch.bmm(F.softmax(
+        bias.baddbmm(q, k.transpose(-1, -2), beta=1.0, alpha=0.25).view(2, 3, 5, -1) + mask, dim=-1).view(6, 5, -1), v),
+        x_(6, 5, 8), x_(6, 7, 8), x_(6, 7, 4), x_(6, 1, 7), x_(2, 1, 5, 7), shapes=True),
     "attention_masked": fn(lambda q, k, v, mask: torch.softmax(q @ k.transpose(-2, -1) * 0.25 + mask, -1) @ v,
                            x_(2, 2, 5, 16), x_(2, 2, 5, 16), x_(2, 2, 5, 16), lambda: causal_mask(5), shapes=True),
     "attention_masked_sqrt_dim": fn(
