@@ -54,11 +54,14 @@ class Accept:
     By default a module capture ``conv: nn.Conv2d`` refuses a module with hooks or a
     parametrization (folding it away would drop their effect) and a subclass that overrides a
     method of ``nn.Conv2d`` (``torch.ao.nn.qat.Conv2d`` fake-quantises its weight in ``forward``).
-    ``hooks=True`` / ``subclasses=True`` say the rule is right for those too.
+    ``hooks=True`` / ``subclasses=True`` say the rule is right for those too. A module the
+    program calls at several places is not handed to a replacement either (a fold at one place
+    would change the others); ``shared=True`` says the rule never changes the module.
     """
 
     hooks: bool = False
     subclasses: bool = False
+    shared: bool = False
 
 
 @attrs.frozen

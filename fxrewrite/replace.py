@@ -884,7 +884,7 @@ def _refuse_shared_modules(match: Match, rule: Rule, tracer: _ReplacementTracer)
     more than one place (a fold at one of them would change the others), unless the capture
     accepts it (``Accept(shared=True)``)."""
     for param in rule.compiled.module_captures:
-        if getattr(param.accept, "shared", False):
+        if param.accept.shared:
             continue
         path = tracer._module_paths.get(id(match.bindings[param.name]))
         if path is None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
 import torch
@@ -211,3 +211,19 @@ def test_reading_a_captured_module_in_a_replacement_is_not_a_write():
     result = fxrewrite.rewrite(model, _rule(read_only))
     assert result.report.applied["read_only"] == 1
     assert_rewrite_sound(model, result, X)
+
+
+def test_a_capture_that_accepts_a_shared_module_is_handed_it_at_each_place():
+    def shared_pattern(x, conv: Annotated[nn.Conv2d, fxrewrite.Accept(shared=True)], bn: nn.BatchNorm2d):
+        return bn(conv(x))
+
+    def shared_fold(x, conv: Annotated[nn.Conv2d, fxrewrite.Accept(shared=True)], bn: nn.BatchNorm2d):
+        return fold_into_copy(x, conv, bn)
+
+    model = SharedConv().eval()
+    before = _snapshot(model)
+    rule = fxrewrite.Rule.from_functions(shared_pattern, shared_fold, name="shared_fold")
+    result = fxrewrite.rewrite(model, rule)
+    assert result.report.applied["shared_fold"] == 2  # each call gets its own folded copy
+    assert_rewrite_sound(model, result, X, rtol=1e-5, atol=1e-5)
+    _assert_bit_identical(model, before)
