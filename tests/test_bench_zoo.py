@@ -1,5 +1,5 @@
 """benchmarks/bench_zoo.py (issue 20): it counts what it says it counts, and the shipped library's
-figures on a few small Hugging Face architectures (gpt2, llama, bert, t5, swin) are pinned.
+figures on a few small Hugging Face architectures are pinned.
 
 The zoo tests need ``transformers`` (a test extra) and skip without it; the tests on hand-written
 modules do not. ``bert`` runs in the default set (under a second once torch.export is warm); the
@@ -32,11 +32,14 @@ PINNED = {
     "bert": (2, 0, 0),
     "t5": (6, 12, 0),
     "swin": (4, 0, 0),
+    "gpt_neo": (2, 0, 2),  # boolean causal mask through where(c, scores, tensor constant)
+    "falcon": (2, 0, 0),  # in-place div_ of the scores
+    "bloom": (2, 0, 2),  # ALiBi through baddbmm, softmax between views on batch*heads
 }
 # One attention block per attention layer (2 layers each); a T5 decoder layer attends twice; Swin
 # has two stages of 2 window-attention layers.
-BLOCKS = {"gpt2": 2, "llama": 2, "bert": 2, "t5": 2 + 2 * 2, "swin": 4}
-SLOW = {"gpt2", "llama", "t5", "swin"}
+BLOCKS = {"gpt2": 2, "llama": 2, "bert": 2, "t5": 2 + 2 * 2, "swin": 4, "gpt_neo": 2, "falcon": 2, "bloom": 2}
+SLOW = {"gpt2", "llama", "t5", "swin", "gpt_neo", "falcon", "bloom"}
 
 
 def _archs(*names: str) -> list:
