@@ -11,7 +11,8 @@ ways (``spelling=``):
   ``-inf`` above. The shipped rule ``attention_masked`` matches it (it needs shapes: pass
   ``example_inputs=``) and passes the mask as ``attn_mask``.
 * ``"masked_fill"``: ``scores.masked_fill(future, -inf).softmax(-1)`` with a bool buffer
-  ``future``. No shipped rule has this spelling (``fxrewrite.explain`` shows where they stop).
+  ``future``. The shipped rule ``attention_masked_fill_to_additive`` turns the fill into an
+  additive mask (exact for ``-inf``), which ``attention_masked`` then takes (both need shapes).
 
 The rules of this file go one step further for both spellings: when the mask is a constant
 tensor of the model and it *is* the causal mask, the replacement drops the mask tensor and asks
@@ -319,10 +320,7 @@ def main() -> dict[str, fxrewrite.RewriteResult]:
     print("shipped rules only:", fired(shipped_only.report), "(the additive mask becomes attn_mask=)")
 
     masked = gpt("masked_fill", layers=1, seq=16)
-    print("\nmasked_fill spelling, why the shipped attention rules do not match:")
-    explanation = fxrewrite.explain(masked, fxrewrite.load_rules()["attention_scaled"], misses=1,
-                                    example_inputs=(tokens,))
-    print(explanation)
+    print("\nmasked_fill spelling, shipped rules only:", fired(rewrite_gpt(masked, fxrewrite.load_rules()).report))
     masked_result = rewrite_gpt(masked, rules)
     print("with this example's rules:", fired(masked_result.report))
     with torch.no_grad():

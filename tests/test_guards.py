@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import itertools
+from typing import Annotated
 
 import pytest
 import torch
 import torch.fx as fx
 from _helpers import assert_consistent, assert_rewrite_sound, assert_same_state, graph_state, neg_neg, traced_net
 
+import fxrewrite
 from fxrewrite import RewriteError, Rule, rewrite
 
 
@@ -58,7 +60,8 @@ def test_guard_reads_meta_val_when_the_graph_carries_it():
 
 
 def test_guard_gets_literal_and_module_captures_as_values():
-    def pattern(x, lin: torch.nn.Linear, s: float):
+    # lin is called at two places: the capture says the rule never changes it
+    def pattern(x, lin: Annotated[torch.nn.Linear, fxrewrite.Accept(shared=True)], s: float):
         return lin(x) * s
 
     seen = []
