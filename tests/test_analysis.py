@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import textwrap
+from pathlib import Path
 
 import attrs
 import pytest
@@ -269,6 +270,19 @@ def test_lint_finds_a_cycle_across_files(tmp_path):
     text = out.getvalue()
     assert "error: cycle: rules" in text and "undo each other" in text
     assert f"{one}:1" in text and f"{two}:1" in text
+
+
+@pytest.mark.slow
+def test_the_shipped_library_with_the_examples_rules_shadows_no_rule():
+    """Rules compose: no rule of the library or of examples/*_rules is hidden by another (the
+    library once re-spelled k.transpose(-1, -2) under example 07's Hugging Face rule)."""
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    rules = fxrewrite.load_rules()
+    for folder in sorted(examples.glob("*_rules")):  # 08_rules restates two library rules under their names
+        rules = rules + fxrewrite.RuleSet([r for r in fxrewrite.load_rules(folder) if r.name not in rules.names])
+    findings = analyze(rules)
+    assert [str(f) for f in findings if f.kind == "shadowed"] == []
+    assert not [f for f in findings if f.severity == "error"]
 
 
 def test_lint_of_the_shipped_library_exits_0():
