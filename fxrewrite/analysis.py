@@ -28,7 +28,6 @@ cannot be decided, a loop is reported as a ``warning`` ("may loop") instead of a
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 import logging
@@ -41,6 +40,7 @@ import torch.fx as fx
 from torch import nn
 from torch.fx.node import Node, map_aggregate
 
+from ._logs import quieted
 from .canon import attribute_at, canonical_arguments, is_commutative_call, op_key_of
 from .errors import FxRewriteError
 from .match import Match, match_at
@@ -359,7 +359,7 @@ def _typed(gm: fx.GraphModule, inputs: Mapping[str, Any]) -> bool:
     """Annotate ``gm`` with shapes and dtypes from ``inputs``; False when they do not fit."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     try:
-        with _quiet("torch._subclasses.fake_tensor"):
+        with quieted("torch._subclasses.fake_tensor"):  # it logs every input that does not fit an op
             propagate_inputs(gm, [inputs[str(p.target)] for p in placeholders])
     except FxRewriteError:
         for n in gm.graph.nodes:
@@ -368,16 +368,6 @@ def _typed(gm: fx.GraphModule, inputs: Mapping[str, Any]) -> bool:
     return True
 
 
-@contextlib.contextmanager
-def _quiet(name: str) -> Iterator[None]:
-    """Silence a logger while probing: fake tensors log every input that does not fit an op."""
-    log = logging.getLogger(name)
-    level = log.level
-    log.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        log.setLevel(level)
 
 
 def _verdict(rule: Rule, match: Match) -> bool | None:

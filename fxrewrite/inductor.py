@@ -47,6 +47,7 @@ import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch.fx.node import Node
 
+from ._logs import quieted
 from ._torch import FakeTensor, detect_fake_mode, is_erased, tree_flatten, tree_unflatten
 from .errors import ArgumentError, RewriteError
 from .report import Report, RuleStats
@@ -373,7 +374,8 @@ def stage_graphs(model: Callable[..., Any], example_inputs: Sequence[Any], *, st
     capture = _CapturingPass()
     torch._dynamo.reset()
     try:
-        with _quiet_about_the_capturing_pass():
+        # Inductor warns that a pass without a uuid bypasses its cache: that is what is wanted here
+        with quieted("torch._inductor.codecache", logging.ERROR):
             torch.compile(model, backend=_capturing_backend(capture, stage))(*example_inputs)
     finally:
         torch._dynamo.reset()
@@ -402,16 +404,6 @@ def _capturing_backend(capture: _CapturingPass, stage: str) -> Callable[..., Any
     return compiler
 
 
-@contextlib.contextmanager
-def _quiet_about_the_capturing_pass() -> Iterator[None]:
-    """Inductor warns that a pass without a uuid bypasses its cache: that is what is wanted here."""
-    codecache = logging.getLogger("torch._inductor.codecache")
-    level = codecache.level
-    codecache.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        codecache.setLevel(level)
 
 
 # ---- the backend ------------------------------------------------------------------------------

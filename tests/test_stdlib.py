@@ -736,20 +736,25 @@ def _hf_class(module: str, name: str) -> type:
     return getattr(importlib.import_module(f"transformers.models.{module}.modeling_{module}"), name)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-@pytest.mark.parametrize("name", ["gemma", "llama"])
-def test_library_fuses_hugging_face_rms_norms_traced(name, dtype):
-    """The same classes under symbolic_trace (T5LayerNorm's ``if`` on its weight's dtype does not
-    trace): the casts are call_method nodes (``.to(torch.float32)``, ``.float()``, ``.type_as``)."""
+def _hf_norm(name: str, dtype: torch.dtype) -> tuple[nn.Module, torch.Tensor, tuple[str, ...]]:
+    """transformers' norm class ``name`` (weights in [0.5, 1.5]) in ``dtype``, an input, and the
+    rules that may fuse it (any one of them, once)."""
     module, cls, expected = HF_NORMS[name]
     torch.manual_seed(0)
     norm = _hf_class(module, cls)(16).eval()
     with torch.no_grad():
         norm.weight.uniform_(0.5, 1.5)
-    norm = norm.to(dtype)
-    x = (randn(2, 5, 16) * 3).to(dtype)
-    result = rewrite(norm, LIBRARY, example_inputs=(x,))
     names = expected[dtype] if isinstance(expected[dtype], tuple) else (expected[dtype],)
+    return norm.to(dtype), (randn(2, 5, 16) * 3).to(dtype), names
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("name", ["gemma", "llama"])
+def test_library_fuses_hugging_face_rms_norms_traced(name, dtype):
+    """The same classes under symbolic_trace (T5LayerNorm's ``if`` on its weight's dtype does not
+    trace): the casts are call_method nodes (``.to(torch.float32)``, ``.float()``, ``.type_as``)."""
+    norm, x, names = _hf_norm(name, dtype)
+    result = rewrite(norm, LIBRARY, example_inputs=(x,))
     assert sum(result.report.applied[n] for n in names) == 1, result.report.applied
     assert "rms_norm" in result.code and "rsqrt" not in result.code, result.code
     assert_rewrite_sound(norm, result, x, rtol=1e-4, atol=1e-4)
@@ -760,16 +765,9 @@ def test_library_fuses_hugging_face_rms_norms_traced(name, dtype):
 def test_library_fuses_hugging_face_rms_norms(name, dtype):
     """In float32 T5's upcast of the input (``x.to(float32)``) is a no-op the matcher looks through,
     so T5's own rule fires; in bfloat16 every cast is real and stays in the pattern."""
-    module, cls, expected = HF_NORMS[name]
-    torch.manual_seed(0)
-    norm = _hf_class(module, cls)(16).eval()
-    with torch.no_grad():
-        norm.weight.uniform_(0.5, 1.5)
-    norm = norm.to(dtype)
-    x = (randn(2, 5, 16) * 3).to(dtype)
+    norm, x, names = _hf_norm(name, dtype)
     result = rewrite(torch.export.export(norm, (x,)), LIBRARY)
     result.module.graph.lint()
-    names = expected[dtype] if isinstance(expected[dtype], tuple) else (expected[dtype],)
     assert sum(result.report.applied[n] for n in names) == 1, result.report.applied
     assert "rms_norm" in result.code and "rsqrt" not in result.code, result.code
     torch.testing.assert_close(result.module(x), norm(x), rtol=1e-4, atol=1e-4)
