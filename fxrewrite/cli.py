@@ -244,11 +244,13 @@ def _save(module: torch.fx.GraphModule, output: str, out: TextIO) -> None:
 
 
 def cmd_list(args: argparse.Namespace, out: TextIO) -> int:
+    from .rule import describe_numerics
+
     rules = _load_rules(args.paths)
     roots = _rule_roots(args.paths)
     for r in rules:
-        print(f"{r.name}  [priority {r.priority}]  {_shown_origin(r.origin, roots)}\n    {r.doc or '(no doc)'}",
-              file=out)
+        print(f"{r.name}  [priority {r.priority}]  {_shown_origin(r.origin, roots)}\n    {r.doc or '(no doc)'}\n"
+              f"    numerics: {describe_numerics(r)}", file=out)
     where = "" if args.paths else f" (the standard library, in {roots[0][0]})"
     print(f"{len(rules)} rule(s){where}", file=out)
     return 0

@@ -631,3 +631,10 @@ def test_cli_target_that_exits_while_imported_exits_2_with_a_message(cli_files):
     except SystemExit as exc:
         pytest.fail(f"SystemExit({exc.code}) escaped fxrewrite.cli.main")
     assert code == 2 and "cannot import 'script.py'" in err
+
+
+def test_list_says_each_rules_numerics_contract(tmp_path):
+    (tmp_path / "contracts.fxr").write_text("rule neg_neg_exact:\n    -(-x) => x\n    numerics bitwise\n")
+    out = io.StringIO()
+    assert main(["list", str(tmp_path)], out=out) == 0
+    assert "    numerics: bitwise (" in out.getvalue()

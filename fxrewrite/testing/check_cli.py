@@ -34,7 +34,7 @@ from .equivalence import DEFAULT_EXAMPLES, CheckResult, check_rule
 __all__ = ["DOMAIN_CANDIDATES", "RuleSelectionError", "checked", "default_jobs", "run_check", "select_rules",
            "setup_error", "working_domain"]
 
-_COLUMNS = ("rule", "origin", "examples", "verdict", "time")
+_COLUMNS = ("rule", "origin", "examples", "verdict", "numerics", "time")
 
 
 class RuleSelectionError(FxRewriteError, ValueError):
@@ -244,10 +244,12 @@ class _Table:
         self.out = out
         self.name_width = max([len(_COLUMNS[0]), *(len(r.name) for r in rules)])
         self.origin_width = max([len(_COLUMNS[1]), *(len(_short_origin(r.origin)) for r in rules)])
+        #: each rule's numerics contract, the promise its verdict was checked against
+        self.contracts = {r.name: r.numerics or "tolerance" for r in rules}
 
-    def row(self, rule: str, origin: str, examples: str, verdict: str, seconds: str) -> None:
+    def row(self, rule: str, origin: str, examples: str, verdict: str, numerics: str, seconds: str) -> None:
         line = (f"{rule:<{self.name_width}}  {origin:<{self.origin_width}}  {examples:>8}  {verdict:<10}  "
-                f"{seconds:>7}").rstrip()
+                f"{numerics:<10}  {seconds:>7}").rstrip()
         print(line, file=self.out, flush=True)
 
     def header(self) -> None:
@@ -256,7 +258,7 @@ class _Table:
     def result(self, result: CheckResult) -> None:
         verdict = result.verdict if result.ok else result.verdict.upper()
         self.row(result.rule, _short_origin(result.origin), str(result.examples_run), verdict,
-                 f"{result.seconds:.2f}s")
+                 self.contracts.get(result.rule, "tolerance"), f"{result.seconds:.2f}s")
 
 
 class _Status:

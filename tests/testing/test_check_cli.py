@@ -28,8 +28,8 @@ def test_all_sound_exits_zero_with_a_table(tmp_path):
     status, out = check([tmp_path], examples=15)
     lines = out.splitlines()
     assert status == 0
-    assert re.match(r"rule\s+origin\s+examples\s+verdict\s+time$", lines[0])
-    assert re.match(r"double_neg\s+\S*good\.fxr:1\s+\d+\s+sound\s+\d+\.\d\ds$", lines[1])
+    assert re.match(r"rule\s+origin\s+examples\s+verdict\s+numerics\s+time$", lines[0])
+    assert re.match(r"double_neg\s+\S*good\.fxr:1\s+\d+\s+sound\s+tolerance\s+\d+\.\d\ds$", lines[1])
     assert lines[-1].startswith("1 rule(s) checked in ") and lines[-1].endswith(": 1 sound")
 
 
@@ -85,7 +85,7 @@ THREE = (SOUND + "\nrule relu_relu:\n    torch.relu(torch.relu(x)) => torch.relu
 
 def rows(out):
     return [line.split()[0] for line in out.splitlines()[1:] if line and not line.startswith(("\n", " "))
-            and re.match(r"\S+\s+\S+:\d+\s+\d+\s+\S+\s+\d+\.\d\ds$", line)]
+            and re.match(r"\S+\s+\S+:\d+\s+\d+\s+\S+\s+\S+\s+\d+\.\d\ds$", line)]
 
 
 @pytest.mark.slow
@@ -165,3 +165,14 @@ def test_the_command_line_selects_runs_in_processes_and_exits_1_on_an_unsound_ru
     assert main(["check", str(tmp_path), "--examples", "10", "--rule", "relu_relu"], out=io.StringIO()) == 0
     assert main(["check", str(tmp_path), "-k", "(("], out=io.StringIO()) == 2
     assert "is not a valid expression" in capsys.readouterr().err
+
+
+def test_the_table_shows_each_rules_numerics_contract(tmp_path):
+    (tmp_path / "contracts.fxr").write_text(
+        "rule neg_neg_exact:\n    -(-x) => x\n    numerics bitwise\n\n"
+        "rule abs_abs_loose:\n    torch.abs(torch.abs(x)) => torch.abs(x)\n")
+    out = io.StringIO()
+    run_check([str(tmp_path)], examples=5, out=out)
+    lines = {line.split()[0]: line.split() for line in out.getvalue().splitlines() if line.strip()}
+    assert lines["rule"][4] == "numerics"
+    assert lines["neg_neg_exact"][4] == "bitwise" and lines["abs_abs_loose"][4] == "tolerance"
