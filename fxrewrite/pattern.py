@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+import types
 import typing
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, Literal
@@ -72,11 +73,16 @@ class Param:
     kind: ParamKind
     annotation: Any = None
     accept: Accept = Accept()
+    #: A literal capture annotated ``float | None`` (``Optional[float]``): it also binds ``None``,
+    #: an optional argument the program leaves out (``scale=None``).
+    optional: bool = False
 
     def accepts_literal(self, value: Any) -> bool:
         """True when ``value`` (a constant in the graph) may be bound by this literal capture."""
         if isinstance(value, Node) or self.kind != "literal":
             return False
+        if value is None:
+            return self.optional
         if self.annotation is float:
             return type(value) in (float, int)
         return type(value) is self.annotation
@@ -349,13 +355,26 @@ def _classify(p: inspect.Parameter, *, where: str, role: str) -> Param:
         return Param(p.name, "tensor")
     if ann in LITERAL_TYPES:
         return Param(p.name, "literal", ann)
+    optional = _optional_literal(ann)
+    if optional is not None:
+        return Param(p.name, "literal", optional, optional=True)
     if isinstance(ann, type) and issubclass(ann, torch.nn.Module):
         return Param(p.name, "module", ann)
     raise RuleDefinitionError(
         f"{where}: {role} parameter '{p.name}' is annotated {ann!r}; use no annotation (or torch.Tensor) "
-        f"for a variable, one of int, float, bool, str, torch.dtype for a literal capture, or an "
-        f"nn.Module subclass for a module capture."
+        f"for a variable, one of int, float, bool, str, torch.dtype for a literal capture (or one of them "
+        f"'| None', for a capture that may also bind None), or an nn.Module subclass for a module capture."
     )
+
+
+def _optional_literal(ann: Any) -> Any:
+    """``float`` for ``float | None`` / ``Optional[float]`` (any literal type), else ``None``."""
+    if typing.get_origin(ann) not in (typing.Union, types.UnionType):
+        return None
+    members = [a for a in typing.get_args(ann) if a is not type(None)]
+    if len(members) != 1 or len(typing.get_args(ann)) != 2 or members[0] not in LITERAL_TYPES:
+        return None
+    return members[0]
 
 
 def _untraceable_message(where: str, exc: Exception) -> str:

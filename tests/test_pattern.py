@@ -4,6 +4,7 @@ anchor, the nodes that compute Python values, and the patterns refused when a ru
 from __future__ import annotations
 
 import math
+import re
 from typing import Annotated
 
 import pytest
@@ -92,3 +93,38 @@ def test_untraceable_or_impure_pattern_is_a_definition_error_naming_rule_and_ori
     assert message.startswith("rule 'bad' (") and "test_pattern.py:" in message
     for fragment in fragments:
         assert fragment in message
+
+
+# ---- optional literal captures ----------------------------------------------------------------
+
+
+def _clamp_twice(x, lo: float | None, hi: float | None):
+    return torch.clamp(torch.clamp(x, lo, hi), lo, hi)
+
+
+def test_an_optional_literal_capture_binds_a_number_or_none():
+    rule = Rule.from_functions(_clamp_twice, lambda x, lo, hi: torch.clamp(x, lo, hi), name="clamp_twice")
+    lo = next(p for p in rule.compiled.params if p.name == "lo")
+    assert (lo.kind, lo.annotation, lo.optional) == ("literal", float, True)
+    assert lo.accepts_literal(None) and lo.accepts_literal(0.5) and not lo.accepts_literal("a")
+    program = lambda a: a.clamp(min=0.0).clamp(min=0.0)  # noqa: E731 - a one-line program
+    result = fxrewrite.rewrite(program, rule)
+    assert result.report.applied["clamp_twice"] == 1
+    x = torch.randn(5)
+    result.module.graph.lint()
+    torch.testing.assert_close(result.module(x), program(x))
+
+
+def test_a_plain_literal_capture_does_not_bind_none():
+    plain = Rule.from_functions(lambda x, lo: torch.clamp(torch.clamp(x, lo, None), lo, None),
+                                lambda x, lo: torch.clamp(x, lo, None), name="plain")
+    (_, lo) = plain.compiled.params
+    assert not lo.optional and not lo.accepts_literal(None)
+
+
+def test_an_optional_capture_of_something_else_than_a_literal_type_is_an_error():
+    def pattern(x, m: nn.Linear | None):
+        return x
+
+    with pytest.raises(RuleDefinitionError, match=re.escape("'| None', for a capture that may also bind None")):
+        trace_pattern(pattern, rule_name="r", origin="<test>")

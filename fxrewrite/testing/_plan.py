@@ -366,6 +366,8 @@ def _literal_strategy(plan: InputPlan, param: Param) -> SearchStrategy[Any]:
     declared = plan.domain.literals.get(param.name)
     if declared is not None:
         return _as_strategy(declared, name=f"{plan.where}: domain['literals']['{param.name}']", kind=(str, bytes))
+    if param.optional:  # an absent optional argument is a value to try too
+        return st.one_of(st.none(), _literal_strategy(plan, attrs.evolve(param, optional=False)))
     ann = param.annotation
     if ann is bool:
         return st.booleans()

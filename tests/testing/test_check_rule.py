@@ -308,3 +308,17 @@ def test_a_bad_argument_is_an_argument_error_naming_it(call, fragment):
 
 def _double_neg():
     return Rule.from_functions(lambda x: torch.neg(torch.neg(x)), lambda x: x, name="neg_neg")
+
+
+def test_the_checker_draws_none_for_an_optional_capture():
+    def pattern(x, lo: float | None, hi: float | None):
+        return torch.clamp(torch.clamp(x, lo, hi), lo, hi)
+
+    def wrong_without_hi(x, lo: float | None, hi: float | None):
+        return torch.clamp(x, lo, 1.0 if hi is None else hi)  # makes up a bound where there is none
+
+    sound = check_rule(Rule.from_functions(pattern, lambda x, lo, hi: torch.clamp(x, lo, hi), name="ok"),
+                       max_examples=60)
+    assert sound.ok, sound
+    found = check_rule(Rule.from_functions(pattern, wrong_without_hi, name="bad"), max_examples=60)
+    assert not found.ok and found.counterexample["hi"] is None
