@@ -413,7 +413,8 @@ PLANTS: dict[str, tuple[int, OpFactory]] = {
     "contiguous_linear": (1, when(features,
                                   lambda B, x: F.linear(x.contiguous(), B.param("w2"), B.param("b")))),
     "permute_twice": (1, _permute_twice),
-    "mT": (1, when(lambda x: x.dim() >= 2, lambda B, x: x.mT)),
+    # x.mT is a transpose of the last two dims to the matcher: twice, transpose_transpose removes it
+    "mT_mT": (1, when(lambda x: x.dim() >= 2, lambda B, x: x.mT.mT)),
     # normalization
     "layer_norm_var": (1, _norm("layer_var")),
     "layer_norm_centered": (1, _norm("layer_centered")),

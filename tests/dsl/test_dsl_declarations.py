@@ -63,7 +63,9 @@ def test_the_same_rule_without_its_declarations_is_found_unsound():
     from fxrewrite.testing import check_rule
 
     (rule,) = parse_rules(FOLD_SCALES, source="folding.fxr")
-    assert check_rule(rule, max_examples=40).verdict == "unsound"
+    # the overflow (x = ±3.4e38, a = 2, b = 0) needs an extreme x beside the right literals: at 40
+    # examples whether the search meets it depends on the draw order of the day
+    assert check_rule(rule, max_examples=300).verdict == "unsound"
 
 
 def test_the_declared_rule_still_rewrites():
