@@ -127,7 +127,11 @@ def test_a_rule_accepted_on_a_handful_of_inputs_is_untestable_never_sound():
                  where=lambda m: tuple(m["x"].shape) == (3, 1, 2) and m["x"].dtype == torch.uint8)
     result = check_rule(rare, repair=False)
     assert result.verdict == "untestable", result.message
-    assert "could not be tested enough: only" in result.message and "fewer than the 10 needed" in result.message
+    # how many of the draws meet the guard (none, or a few) depends on the draw order: either way
+    # the rule is reported untested, with the count when there is one
+    assert "could not be tested" in result.message
+    if "could not be tested enough" in result.message:
+        assert "fewer than the 10 needed" in result.message
 
 
 def test_a_nan_does_not_hide_a_second_different_value_bug():
