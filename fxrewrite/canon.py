@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch.fx.node import Node
 
 from ._torch import tree_leaves
+from .meta import tensor_value
 
 __all__ = [
     "AUTOGRAD_ONLY_WRITES",
@@ -1277,7 +1278,7 @@ def pattern_identity(node: Node) -> tuple[Node, Any] | None:
 def _is_dropout_function(target: Any) -> bool:
     try:
         return target in _DROPOUT_FUNCTIONS
-    except TypeError:
+    except TypeError:  # an unhashable target
         return False
 
 
@@ -1297,12 +1298,7 @@ def may_be_identity(node: Node) -> bool:
         return _dropout_module(node) is not None
     if node.op not in ("call_function", "call_method"):
         return False
-    if canonical_name(node.op, node.target) in _IDENTITY_NAMES:
-        return True
-    try:
-        return node.target in _DROPOUT_FUNCTIONS
-    except TypeError:  # an unhashable target
-        return False
+    return canonical_name(node.op, node.target) in _IDENTITY_NAMES or _is_dropout_function(node.target)
 
 
 def _identity(node: Any) -> tuple[Node | None, str | None]:
@@ -1328,8 +1324,6 @@ def _identity(node: Any) -> tuple[Node | None, str | None]:
 
 
 def _holds_conversion(node: Node, source: Node) -> str | None:
-    from .meta import tensor_value
-
     before, after = tensor_value(source), tensor_value(node)
     if before is None or after is None:
         return f"'{node.name}' converts '{source.name}'; whether it changes the dtype needs metadata the graph " \
@@ -1354,8 +1348,6 @@ def _holds_copy(node: Node, source: Node) -> str | None:
     changes_layout = canonical_name(node.op, node.target) == "contiguous" or memory_format not in (
         None, torch.preserve_format)
     if changes_layout:
-        from .meta import tensor_value
-
         known = tensor_value(source)
         if not isinstance(known, torch.Tensor):
             return f"'{node.name}' may change the layout of '{source.name}', whose strides the graph does not carry"
@@ -1365,8 +1357,6 @@ def _holds_copy(node: Node, source: Node) -> str | None:
 
 
 def _holds_same_shape(node: Node, source: Node) -> str | None:
-    from .meta import tensor_value
-
     before, after = tensor_value(source), tensor_value(node)
     if before is None or after is None:
         return f"'{node.name}' reshapes '{source.name}'; whether the shape changes needs metadata the graph does " \
@@ -1415,8 +1405,6 @@ def _holds_dropout_module(node: Node) -> tuple[Node | None, str | None]:
 def _holds_scaling(node: Node, name: str) -> tuple[Node | None, str | None]:
     """``x * 1``, ``1 * x``, ``x / 1``: the value itself when the dtype and shape stay (``1.0 * x``
     promotes an integer ``x``; ``x * 1`` broadcasts nothing, but metadata says so for sure)."""
-    from .meta import tensor_value
-
     args = node.args
     if len(args) != 2 or node.kwargs:
         return None, None
@@ -1596,8 +1584,6 @@ def _matrix_transpose(source: Node) -> tuple[str, dict[str, Any]] | None:
     fewer: on a 1-d tensor both raise, but on a 0-d tensor ``x.mT`` is ``x`` (deprecated, with a
     warning) where the transpose raises. Without metadata the rank is taken to be 2 or more, as
     ``k.mT`` in the code people write (``q @ k.mT``) needs."""
-    from .meta import tensor_value
-
     known = tensor_value(source)
     if known is not None and len(known.shape) < 2:
         return None
@@ -1686,8 +1672,6 @@ def by_meaning(name: str, names: tuple[str, ...], p_values: tuple[Any, ...], g_v
     """
     if name not in _BY_MEANING:
         return p_values, g_values
-    from .meta import tensor_value
-
     known = tensor_value(graph_input)
     rank = None if known is None else len(known.shape) + (name in _ONE_MORE_DIM)
     dtype = None if known is None else known.dtype
