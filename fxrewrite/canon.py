@@ -1266,12 +1266,8 @@ def pattern_identity(node: Node) -> tuple[Node, Any] | None:
         return None if conversion is None else (node.args[0], conversion["dtype"])
     if name in _COPIES and len(node.args) == 1:
         return node.args[0], None
-    if name in _DROPOUTS or _is_dropout_function(node.target):
-        named = canonical_arguments(node.op, node.target, node.args, node.kwargs) or _dropout_arguments(node) or {}
-        train, p = named.get("train", named.get("training")), named.get("p")
-        if (train is False or (isinstance(p, (int, float)) and not isinstance(p, bool) and p == 0)) \
-                and not _inplace_flag(node):
-            return node.args[0], None
+    if (name in _DROPOUTS or _is_dropout_function(node.target)) and _holds_dropout(node) is None:
+        return node.args[0], None  # inactive by its literals, as in a graph
     return None
 
 

@@ -316,10 +316,7 @@ class _Search:
         ``gv`` computes another op than ``pn``."""
         if not self.options.canonical or not isinstance(gv, Node) or pn.op == "get_attr" or pn in self.pattern.outputs:
             return None  # an output is where the match ends: what lies behind it is not the match's result
-        source = identity_source(gv)
-        if source is None:
-            return None
-        return source
+        return identity_source(gv)
 
     def variable_value(self, pn: Node, param: Param, gv: Any) -> Any:
         """What the variable ``param`` binds for the graph value ``gv`` (a dtype capture binds the
