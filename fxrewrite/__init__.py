@@ -127,4 +127,4 @@ __all__ = [
     "rule",
 ]
 
-__version__ = "0.1.0"
+from ._version import __version__  # noqa: E402  (one source, read by pyproject too)

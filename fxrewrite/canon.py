@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch.fx.node import Node
 
 from ._torch import tree_leaves
-from .meta import tensor_value
+from .meta import described, has_value, lent_constant, tensor_value, value_of
 
 __all__ = [
     "AUTOGRAD_ONLY_WRITES",
@@ -440,10 +440,10 @@ def _accepts(type_name: str, value: Any) -> bool:
 def _scalar_like(node: Node) -> bool:
     """A node that may stand for one number in a list: a pattern's captured constant or a
     graph input (placeholders), or a node whose value is known to be an int."""
-    val = node.meta.get("val", None)
+    val = value_of(node)
     if node.op == "placeholder" or isinstance(val, (int, torch.SymInt)):
         return True
-    return "val" not in node.meta and node.op == "call_function" and result_kind(node) == "value"
+    return not has_value(node) and node.op == "call_function" and result_kind(node) == "value"
 
 
 def _number_as_tensor(type_name: str, value: Any) -> bool:
@@ -521,7 +521,7 @@ def _computes_dtype(value: Any) -> bool:
         return True
     if value.op == "call_function" and value.target is getattr and value.args[1:2] == ("dtype",):
         return True
-    return isinstance(value.meta.get("val"), torch.dtype)
+    return isinstance(value_of(value), torch.dtype)
 
 
 def dtype_conversion(op: str, target: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -850,9 +850,9 @@ def _kind(node: Node, seen: dict[Node, ResultKind]) -> ResultKind:
 
 
 def _kind_from_meta(node: Node) -> ResultKind | None:
-    if "val" in node.meta:
-        return _kind_of_value(node.meta["val"])
-    meta = node.meta.get("tensor_meta")
+    if has_value(node):
+        return _kind_of_value(value_of(node))
+    meta = described(node)
     if meta is not None:
         return "tensor" if hasattr(meta, "shape") else "sequence"
     return None
@@ -1138,7 +1138,7 @@ def _floating(node: Node, seen: dict[Node, bool | None]) -> bool | None:
 
 
 def _floating_uncached(node: Node, seen: dict[Node, bool | None]) -> bool | None:
-    val = node.meta.get("val", node.meta.get("tensor_meta"))
+    val = described(node)
     if val is not None and hasattr(val, "dtype") and hasattr(val, "shape"):
         return bool(val.dtype.is_floating_point)
     if node.op == "get_attr":
@@ -1735,7 +1735,7 @@ def constant_scalar(node: Any) -> Any:
         if not isinstance(node, Node):
             return None
         if node.op in ("placeholder", "get_attr"):
-            value = node.meta.get("fxrewrite_constant") if node.op == "placeholder" else _attribute_value(node)
+            value = lent_constant(node) if node.op == "placeholder" else _attribute_value(node)
             if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.is_complex():
                 return value.item()
             return None

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from . import __version__
+from ._version import __version__
 from .errors import DidNotConverge, FxRewriteError, MetadataError, TargetError
 
 if TYPE_CHECKING:  # the commands import these when they run (they import torch)

@@ -50,6 +50,7 @@ from torch.fx.node import Node
 from ._logs import quieted
 from ._torch import FakeTensor, detect_fake_mode, is_erased, tree_flatten, tree_unflatten
 from .errors import ArgumentError, RewriteError
+from .meta import rule_of, tensor_value
 from .report import Report, RuleStats
 from .rule import Rule, RuleSet, RulesLike, as_ruleset
 
@@ -269,7 +270,7 @@ def _decompose(graph: fx.Graph, node: Node) -> None:
     assert callable(target), node.format_node()  # a call_function node
     leaves, spec = tree_flatten((node.args, node.kwargs))
     inputs = [leaf for leaf in leaves if isinstance(leaf, Node)]
-    values = [i.meta.get("val") for i in inputs]
+    values = [tensor_value(i) for i in inputs]
     if any(not isinstance(v, torch.Tensor) for v in values):
         return  # a Python value or no metadata: leave the call to Inductor as it is
 
@@ -283,7 +284,7 @@ def _decompose(graph: fx.Graph, node: Node) -> None:
         with detect_fake_mode(values) or contextlib.nullcontext():
             traced = fwd_only(call, values)
     except Exception as exc:
-        rule = node.meta.get("fxrewrite_rule", "a rule")
+        rule = rule_of(node) or "a rule"
         raise RewriteError(
             f"rule '{rule}' created '{node.format_node()}', which could not be traced through Inductor's "
             f"decompositions ({type(exc).__name__}: {exc}). Install the rule at stage='pre_grad', or write the "
@@ -479,7 +480,7 @@ def fingerprint(rules: RulesLike, *, extra: Any = ()) -> str:
     >>> fingerprint(r) == fingerprint([r]) and fingerprint(r) != fingerprint(r, extra="post_grad")
     True
     """
-    from . import __version__
+    from ._version import __version__
 
     ruleset = as_ruleset(rules)
     h = _Hasher(_rule_files(ruleset))

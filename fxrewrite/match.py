@@ -50,7 +50,7 @@ from .canon import (
     through_identities,
 )
 from .errors import MetadataError
-from .meta import tensor_value, value_of
+from .meta import has_value, tensor_value, value_of
 from .pattern import Param, Pattern
 
 __all__ = ["Match", "MatchOptions", "Rejection", "TensorView", "match_at", "module_refusal", "node_position"]
@@ -94,12 +94,9 @@ class TensorView:
     node: Node
 
     def _meta(self) -> Any:
-        meta = self.node.meta
-        value = value_of(self.node)
-        if hasattr(value, "shape"):
+        value = tensor_value(self.node)
+        if value is not None:
             return value
-        if "tensor_meta" in meta and hasattr(meta["tensor_meta"], "shape"):
-            return meta["tensor_meta"]
         raise MetadataError(
             f"node '{self.node.name}' ({self.node.format_node()}) carries no shape/dtype metadata. "
             f"Pass example_inputs=(...) to fxrewrite.rewrite so shapes are propagated, or run "
@@ -744,12 +741,12 @@ def _assumed_refusal(search: _Search) -> Rejection | None:
 def _known_dtype(node: Node) -> torch.dtype | None:
     """The dtype a node computes, when its metadata (or that of the tensor it reads ``.dtype``
     of) says."""
-    val = node.meta.get("val")
+    val = value_of(node)
     if isinstance(val, torch.dtype):
         return val
     if node.op == "call_function" and node.target is getattr and node.args[1:2] == ("dtype",):
-        source = node.args[0].meta.get("val") if isinstance(node.args[0], Node) else None
-        return source.dtype if isinstance(source, torch.Tensor) else None
+        source = tensor_value(node.args[0])
+        return source.dtype if source is not None else None
     return None
 
 
@@ -814,7 +811,7 @@ def _folded_refusal(folded: list[Node], p2g: Mapping[Node, Any]) -> Rejection | 
                                      f"comparing them needs the shape/dtype of '{missing}', which the graph does not "
                                      f"carry (pass example_inputs= to rewrite, or --shapes on the command line)",
                              len(p2g))
-        actual = gv.meta.get("val", _MISSING) if isinstance(gv, Node) else gv
+        actual = (value_of(gv) if has_value(gv) else _MISSING) if isinstance(gv, Node) else gv
         if not _same_value(expected, actual):
             return Rejection(pn, gv, f"the graph holds {_show(gv)} where the pattern's {pn.format_node()} gives "
                                      f"{expected!r} on the matched values", len(p2g))
@@ -848,12 +845,11 @@ def _metadata_value(bound: Any, pn: Node) -> Any:
         if bound is _MISSING:
             raise _NoMetadata(pn.name)
         return bound  # a literal capture
-    val = bound.meta.get("val")
+    val = tensor_value(bound)
     if isinstance(val, torch.Tensor):
         return val
-    meta = bound.meta.get("tensor_meta")
-    if meta is not None and hasattr(meta, "shape"):
-        return torch.empty(meta.shape, dtype=meta.dtype, device="meta")
+    if val is not None:  # ShapeProp's TensorMetadata: a meta tensor of its shape and dtype
+        return torch.empty(val.shape, dtype=val.dtype, device="meta")
     raise _NoMetadata(bound.name)
 
 

@@ -1,5 +1,10 @@
 """Value metadata on graph nodes: fake tensors in ``meta["val"]``.
 
+This module is the one reader and writer of what a node's value is: every other module asks it
+(:func:`value_of`, :func:`tensor_value`, :func:`described`, :func:`has_value`) instead of reading
+``node.meta`` keys, so the conventions of the graphs fxrewrite meets (export's ``val``, Dynamo's
+``example_value``, ShapeProp's ``tensor_meta``) are known in one place.
+
 Graphs from ``torch.export`` carry a fake tensor on every node; :func:`propagate_inputs` gives a
 traced graph the same from example inputs, and :func:`propagate_values` computes it for nodes a
 rewrite created, so guards can read shapes and dtypes everywhere and exported graphs stay
@@ -25,7 +30,28 @@ from torch.fx.node import Node, map_arg
 from ._torch import FakeTensor, FakeTensorMode, detect_fake_mode, reparametrized
 from .errors import RewriteError
 
-__all__ = ["has_values", "propagate_inputs", "propagate_values", "record_values", "tensor_value", "value_of"]
+__all__ = [
+    "copy_value",
+    "described",
+    "forget_value",
+    "has_value",
+    "has_values",
+    "lend_constant",
+    "lent_constant",
+    "propagate_inputs",
+    "propagate_values",
+    "record_values",
+    "rule_metadata",
+    "rule_of",
+    "tensor_value",
+    "value_of",
+]
+
+# The keys of ``node.meta`` this module is the one reader and writer of: a value computed under
+# fake tensors (export, AOT, fxrewrite's own propagation) or by Dynamo, ShapeProp's description,
+# a lifted scalar constant lent by :mod:`fxrewrite.exported`, and the rule that created a node.
+_VALUE, _DYNAMO_VALUE, _TENSOR_META = "val", "example_value", "tensor_meta"
+_CONSTANT, _RULE = "fxrewrite_constant", "fxrewrite_rule"
 
 logger = logging.getLogger(__name__)
 
@@ -37,9 +63,66 @@ def has_values(nodes: Iterable[Any]) -> bool:
 
 def value_of(node: Node) -> Any:
     """A node's fake value: ``meta["val"]`` (export, AOT graphs, example inputs), or
-    ``meta["example_value"]`` where Dynamo keeps it (the graphs ``torch.compile`` captures)."""
+    ``meta["example_value"]`` where Dynamo keeps it (the graphs ``torch.compile`` captures);
+    ``None`` when the node carries neither."""
     meta = node.meta
-    return meta["val"] if "val" in meta else meta.get("example_value")
+    return meta[_VALUE] if _VALUE in meta else meta.get(_DYNAMO_VALUE)
+
+
+def has_value(node: Any) -> bool:
+    """True when ``node`` carries a computed value (:func:`value_of`; ``None`` counts: an op that
+    returns nothing has one).
+
+    >>> gm = fx.symbolic_trace(lambda x: x.relu())
+    >>> x, relu, output = gm.graph.nodes
+    >>> has_value(relu)
+    False
+    >>> propagate_inputs(gm, (torch.ones(2),))
+    >>> has_value(relu), has_value(x)
+    (True, True)
+    """
+    return isinstance(node, Node) and (_VALUE in node.meta or _DYNAMO_VALUE in node.meta)
+
+
+def described(node: Node) -> Any:
+    """Whatever the graph says a node computes: its value (:func:`value_of`), else ShapeProp's
+    ``tensor_meta`` (a ``TensorMetadata``, or a tuple of them), else ``None``."""
+    return value_of(node) if has_value(node) else node.meta.get(_TENSOR_META)
+
+
+def copy_value(source: Node, target: Node) -> None:
+    """Give ``target`` what the graph says of ``source``'s value (its value under the key the
+    graph uses, and ShapeProp's ``tensor_meta``): a node standing for another keeps its metadata."""
+    for key in (_VALUE, _DYNAMO_VALUE, _TENSOR_META):
+        if key in source.meta:
+            target.meta[key] = source.meta[key]
+
+
+def forget_value(node: Node) -> None:
+    """Drop the value fxrewrite recorded on ``node`` (``meta["val"]``), so it is computed again."""
+    node.meta.pop(_VALUE, None)
+
+
+def lend_constant(node: Node, value: torch.Tensor) -> None:
+    """Record the value of a scalar tensor a placeholder stands for (a constant torch.export lifted
+    to an input), so a literal capture can bind the number it holds (:func:`lent_constant`)."""
+    node.meta[_CONSTANT] = value
+
+
+def lent_constant(node: Node) -> Any:
+    """The constant :func:`lend_constant` recorded on ``node``, or ``None``."""
+    return node.meta.get(_CONSTANT)
+
+
+def rule_of(node: Node) -> str | None:
+    """The name of the rule whose replacement created ``node`` (``None`` for a node no rule made)."""
+    return node.meta.get(_RULE)
+
+
+def rule_metadata(rule_name: str | None, stack_trace: str) -> dict[str, Any]:
+    """The metadata a replacement's node is created with: which rule made it, and the stack trace
+    shown for it in generated code and in errors."""
+    return {"stack_trace": stack_trace, _RULE: rule_name}
 
 
 def tensor_value(node: Any) -> Any:
@@ -56,7 +139,7 @@ def tensor_value(node: Any) -> Any:
     value = value_of(node)
     if isinstance(value, torch.Tensor):
         return value
-    meta = node.meta.get("tensor_meta")
+    meta = node.meta.get(_TENSOR_META)
     return meta if meta is not None and hasattr(meta, "shape") and hasattr(meta, "dtype") else None
 
 
@@ -98,20 +181,20 @@ def propagate_values(gm: fx.GraphModule, nodes: Iterable[Node]) -> None:
     without; the rewrite copies the replaced output's value onto the new output anyway.
     """
     nodes = list(nodes)
-    inputs = [a.meta.get("val") for n in nodes for a in n.all_input_nodes]
+    inputs = [value_of(a) for n in nodes for a in n.all_input_nodes]
     mode = detect_fake_mode([v for v in inputs if _is_fake(v)])
     if mode is None:
         return
     for node in nodes:
-        if "val" in node.meta or node.op in ("placeholder", "output"):
+        if has_value(node) or node.op in ("placeholder", "output"):
             continue
-        if any("val" not in a.meta for a in node.all_input_nodes):
+        if not all(has_value(a) for a in node.all_input_nodes):
             continue
-        args = map_arg(node.args, lambda n: n.meta["val"])
-        kwargs = map_arg(node.kwargs, lambda n: n.meta["val"])
+        args = map_arg(node.args, value_of)
+        kwargs = map_arg(node.kwargs, value_of)
         try:
             with mode:
-                node.meta["val"] = _run(gm, node, args, kwargs, mode)
+                node.meta[_VALUE] = _run(gm, node, args, kwargs, mode)
         except Exception as exc:  # a value we cannot compute is only a missing annotation
             logger.debug("could not compute meta['val'] of %s: %s", node.format_node(), exc)
 
@@ -147,5 +230,5 @@ def record_values(gm: fx.GraphModule, *args: Any) -> Any:
 class _ValueRecorder(fx.Interpreter):
     def run_node(self, n: Node) -> Any:
         value = super().run_node(n)
-        n.meta["val"] = value
+        n.meta[_VALUE] = value
         return value

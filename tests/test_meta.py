@@ -8,10 +8,25 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 from _helpers import X, assert_same_state, graph_state, neg_neg, traced_net
+from torch.fx.passes.shape_prop import ShapeProp
 
 from fxrewrite import rewrite
 from fxrewrite.errors import RewriteError
-from fxrewrite.meta import has_values, propagate_inputs, propagate_values
+from fxrewrite.meta import (
+    copy_value,
+    described,
+    forget_value,
+    has_value,
+    has_values,
+    lend_constant,
+    lent_constant,
+    propagate_inputs,
+    propagate_values,
+    rule_metadata,
+    rule_of,
+    tensor_value,
+    value_of,
+)
 
 
 def test_example_inputs_give_every_node_a_fake_value():
@@ -73,3 +88,60 @@ def test_example_inputs_are_not_modified_by_a_failing_rewrite():
     with pytest.raises(RewriteError):
         rewrite(gm, neg_neg(lambda x: None), example_inputs=(x,))
     assert torch.equal(x, X)
+
+
+def _dynamo_style(fn, *inputs):
+    """A traced graph annotated the way Dynamo annotates its graphs: ``meta["example_value"]``."""
+    gm = fx.symbolic_trace(fn)
+    propagate_inputs(gm, inputs)
+    for node in gm.graph.nodes:
+        if "val" in node.meta:
+            node.meta["example_value"] = node.meta.pop("val")
+    return gm
+
+
+def test_dynamo_example_values_are_values():
+    gm = _dynamo_style(lambda x: x.float().relu(), torch.ones(2, 3, dtype=torch.half))
+    x, _, relu, _ = gm.graph.nodes
+    assert has_value(x) and value_of(x).dtype == torch.half
+    assert tensor_value(relu).shape == (2, 3) and described(relu).dtype == torch.float32
+
+
+def test_shape_prop_metadata_is_described_but_is_no_value():
+    gm = fx.symbolic_trace(lambda x: x.relu())
+    ShapeProp(gm).propagate(torch.ones(4, 2))
+    relu = list(gm.graph.nodes)[1]
+    assert not has_value(relu) and value_of(relu) is None
+    assert tuple(described(relu).shape) == (4, 2) and tuple(tensor_value(relu).shape) == (4, 2)
+
+
+def test_a_node_without_metadata_is_described_as_nothing():
+    relu = list(fx.symbolic_trace(lambda x: x.relu()).graph.nodes)[1]
+    assert (has_value(relu), value_of(relu), described(relu), tensor_value(relu)) == (False, None, None, None)
+
+
+def test_copy_value_keeps_the_convention_of_the_graph():
+    gm = _dynamo_style(lambda x: x.relu().neg(), torch.ones(3))
+    x, _, neg, _ = gm.graph.nodes
+    fresh = gm.graph.create_node("call_function", torch.relu, (x,))
+    copy_value(neg, fresh)
+    assert "val" not in fresh.meta and fresh.meta["example_value"] is neg.meta["example_value"]
+
+
+def test_forget_value_makes_propagation_compute_it_again():
+    gm = fx.symbolic_trace(lambda x: x.relu())
+    propagate_inputs(gm, (torch.ones(3),))
+    relu = list(gm.graph.nodes)[1]
+    forget_value(relu)
+    assert not has_value(relu)
+    propagate_values(gm, [relu])
+    assert tensor_value(relu).shape == (3,)
+
+
+def test_lent_constants_and_rules_are_read_back():
+    node = fx.Graph().placeholder("c")
+    assert (lent_constant(node), rule_of(node)) == (None, None)
+    lend_constant(node, torch.tensor(2.0))
+    node.meta.update(rule_metadata("double_neg", "trace\n"))
+    assert lent_constant(node).item() == 2.0 and rule_of(node) == "double_neg"
+    assert node.meta["stack_trace"] == "trace\n"
