@@ -32,7 +32,7 @@ import functools
 import inspect
 import math
 import operator
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, Literal
 
 import torch
@@ -54,6 +54,8 @@ __all__ = [
     "IGNORED_ARGUMENTS",
     "OPERATORS",
     "ResultKind",
+    "METADATA_ATTRIBUTES",
+    "METADATA_METHODS",
     "VALUE_ATTRIBUTES",
     "VALUE_METHODS",
     "VIEW_ATTRIBUTES",
@@ -70,6 +72,7 @@ __all__ = [
     "identity_refusal",
     "identity_source",
     "input_keys",
+    "is_aten_graph",
     "is_check",
     "is_commutative_call",
     "is_written",
@@ -381,6 +384,17 @@ def _resolve(packet: torch._ops.OpOverloadPacket, args: tuple[Any, ...], kwargs:
 
 
 def _bind(schema: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], strict: bool = False) -> dict[str, Any] | None:
+    """The arguments of a call bound to the names of one ATen ``schema``, defaults filled in and
+    values normalised (:func:`_normalise`), or ``None`` when the call does not fit the schema.
+
+    Not :func:`torch.fx.operator_schemas.normalize_function`, because overload resolution here
+    must decide on *graph* arguments: a ``Node`` or a pattern's capture stands where the schema
+    says ``Tensor``, ``int`` or ``float`` (:func:`_accepts` asks what the node can be), and a
+    Python number must be told apart from a Tensor (``strict``, as PyTorch's own parser prefers
+    ``pow.Tensor_Scalar`` to ``pow.Tensor_Tensor``). ``normalize_function`` binds by Python
+    signature only, needs ``arg_types`` (runtime types, which a pattern does not have) to pick
+    among overloads, and returns ``None`` on ambiguity instead of trying them in order.
+    """
     positional = [a for a in schema.arguments if not a.kwarg_only]
     if len(args) > len(positional):
         return None
@@ -570,6 +584,19 @@ def _converted(x: Node, rest: tuple[Any, ...], kwargs: Mapping[str, Any],
 
 # -- check nodes ----------------------------------------------------------------------------
 
+def is_aten_graph(nodes: Iterable[Node]) -> bool:
+    """True when one of ``nodes`` calls an ATen overload (``aten.add.Tensor``): the graph is an
+    exported, AOT or post-grad one, whose replacements must be written in ATen ops too.
+
+    >>> g = torch.fx.Graph(); x = g.placeholder("x")
+    >>> is_aten_graph([g.call_function(torch.relu, (x,))])
+    False
+    >>> is_aten_graph([g.call_function(torch.ops.aten.relu.default, (x,))])
+    True
+    """
+    return any(isinstance(n.target, torch._ops.OpOverload) for n in nodes)
+
+
 def is_check(node: Node) -> bool:
     """True for a node that only checks a value (``aten._assert_tensor_metadata``,
     ``_assert_scalar``, ``sym_constrain_range_for_size``, ...): torch.export adds them; it has no
@@ -688,6 +715,9 @@ def _submodule(node: Node) -> Any:
 VIEW_ATTRIBUTES = frozenset({"T", "mT", "H", "mH", "real", "imag", "data"})
 VALUE_ATTRIBUTES = frozenset({"shape", "dtype", "device", "ndim", "layout", "is_cuda", "requires_grad", "is_sparse",
                               "is_quantized", "is_meta", "names", "itemsize", "nbytes"})
+#: The value attributes a tensor's metadata (a fake tensor) fixes, so a replacement may read them
+#: at rewrite time (:mod:`fxrewrite.replace`); ``requires_grad`` and ``names`` may differ at run time.
+METADATA_ATTRIBUTES = VALUE_ATTRIBUTES - {"requires_grad", "names"}
 
 
 def aliased_inputs(node: Node) -> tuple[Node, ...]:
@@ -804,6 +834,10 @@ ResultKind = Literal["tensor", "value", "sequence", "none", "unknown"]
 VALUE_METHODS = frozenset({"dim", "size", "numel", "item", "tolist", "stride", "element_size", "nelement",
                            "is_floating_point", "is_complex", "is_contiguous", "get_device", "data_ptr",
                            "storage_offset", "ndimension"})
+#: The value methods a tensor's metadata answers (not ``item``, ``tolist``, ``data_ptr``: they read
+#: the data; not ``stride``/``is_contiguous``: a replacement's own result may be laid out otherwise).
+METADATA_METHODS = frozenset({"size", "dim", "numel", "is_floating_point", "is_complex", "element_size", "ndimension",
+                              "nelement", "get_device"})
 
 _PYTHON_ARITHMETIC = frozenset({
     operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv, operator.mod, operator.pow,

@@ -666,3 +666,22 @@ def test_a_literal_capture_binds_the_number_a_0d_tensor_constant_holds():
         result = rewrite(torch.export.export(model, (c, s)), rule)
         assert result.report.applied["where_m"] == count, type(model).__name__
         torch.testing.assert_close(result.module(c, s), model(c, s))
+
+
+def test_what_metadata_answers_is_a_value_attribute_or_method():
+    from fxrewrite.canon import METADATA_ATTRIBUTES, METADATA_METHODS, VALUE_ATTRIBUTES, VALUE_METHODS
+
+    assert METADATA_ATTRIBUTES < VALUE_ATTRIBUTES and METADATA_METHODS < VALUE_METHODS
+    fake = torch._subclasses.FakeTensorMode().from_tensor(torch.ones(2, 3))
+    for name in METADATA_ATTRIBUTES:
+        getattr(fake, name)  # answered without data
+    for name in METADATA_METHODS:
+        getattr(fake, name)()
+
+
+def test_an_aten_graph_is_one_that_calls_an_overload():
+    from fxrewrite.canon import is_aten_graph
+
+    traced = torch.fx.symbolic_trace(lambda x: x.relu() + 1).graph
+    exported = torch.export.export(torch.nn.ReLU(), (torch.ones(2),)).graph
+    assert (is_aten_graph(traced.nodes), is_aten_graph(exported.nodes)) == (False, True)
