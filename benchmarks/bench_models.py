@@ -63,8 +63,8 @@ from typing import Any
 
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
-import torch
-from torch import fx, nn
+import torch  # noqa: E402 - after the NumPy warning filter
+from torch import fx, nn  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 try:
@@ -244,7 +244,8 @@ def time_pair(before: nn.Module, after: nn.Module, inputs: tuple[Any, ...], *, w
     return samples
 
 
-def capture(case: Case, level: str, rules: fxrewrite.RuleSet | None = None) -> tuple[nn.Module, fxrewrite.RewriteResult]:
+def capture(case: Case, level: str,
+            rules: fxrewrite.RuleSet | None = None) -> tuple[nn.Module, fxrewrite.RewriteResult]:
     """(the module "before", the rewrite result) at ``level``."""
     rules = case.rules if rules is None else rules
     if level == "traced":
@@ -270,7 +271,7 @@ def measure(case: Case, level: str, args: argparse.Namespace) -> Row:
     row = Row(case.name, level, case.description)
     try:
         before, result = capture(case, level)
-    except Exception as exc:  # noqa: BLE001 - reported in the table, exit code 1
+    except Exception as exc:  # reported in the table, exit code 1
         row.error = f"rewrite raised {type(exc).__name__}: {exc}"
         traceback.print_exc()
         return row

@@ -62,10 +62,10 @@ import torch.fx as fx  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 try:
-    import fxrewrite  # noqa: E402
+    import fxrewrite
 except ImportError:  # running from a checkout without the package installed
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    import fxrewrite  # noqa: E402
+    import fxrewrite
 
 DEFAULT_NODES = 100_000
 QUICK_NODES = 10_000
@@ -150,7 +150,7 @@ class _Builder:
         return self.read(self.window[(self.step * 5) % len(self.window)])
 
     def add_op(self) -> None:
-        g, f = self.graph, self.graph.call_function
+        f = self.graph.call_function
         x = self.read(self.window[-1])
         kind = self.step % 6
         if kind == 0:

@@ -18,7 +18,7 @@ def double_neg(x):
 
 
 @double_neg.replacement
-def double_neg(x):  # noqa: F811 - the decorator form turns the pair into one Rule
+def double_neg(x):
     return x
 
 
@@ -29,7 +29,7 @@ def relu_relu(x):
 
 
 @relu_relu.replacement
-def relu_relu(x):  # noqa: F811
+def relu_relu(x):
     return torch.relu(x)
 
 

@@ -193,7 +193,8 @@ def check_layer_bounds(model: MLP, rewritten: fx.GraphModule, x: torch.Tensor) -
     """Each quantised layer, fed the input the original layer sees, is within :func:`error_bound`;
     returns the largest fraction of the bound used."""
     inputs: dict[str, torch.Tensor] = {}
-    hooks = [getattr(model, name).register_forward_pre_hook(lambda mod, args, name=name: inputs.__setitem__(name, args[0]))
+    hooks = [getattr(model, name).register_forward_pre_hook(
+                 lambda mod, args, name=name: inputs.__setitem__(name, args[0]))
              for name in ("fc1", "fc2", "head")]
     try:
         with torch.no_grad():

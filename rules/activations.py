@@ -44,7 +44,7 @@ def silu_from_sigmoid(x):
 
 
 @silu_from_sigmoid.replacement
-def silu_from_sigmoid(x):  # noqa: F811 - the decorator turns the pair into one Rule
+def silu_from_sigmoid(x):
     return F.silu(x)
 
 
@@ -58,7 +58,7 @@ def sigmoid_from_exp(x, b: float):
 
 
 @sigmoid_from_exp.replacement
-def sigmoid_from_exp(x, b: float):  # noqa: F811
+def sigmoid_from_exp(x, b: float):
     return torch.sigmoid(x)
 
 
@@ -78,14 +78,14 @@ def gelu_tanh(x, half: float, one: float, c: float, k: float, p: float):
 
 
 @gelu_tanh.replacement
-def gelu_tanh(x, half: float, one: float, c: float, k: float, p: float):  # noqa: F811
+def gelu_tanh(x, half: float, one: float, c: float, k: float, p: float):
     return F.gelu(x, approximate="tanh")
 
 
 # F.gelu(inf) is nan where the formula gives inf, and F.gelu overflows near the largest float:
 # finite inputs of moderate size only.
-_GELU_ERF_DOMAIN = {**_FLOAT, "special_values": False, "min_value": -1e30, "max_value": 1e30, "literals": {"half": (0.5,), "one": (1, 1.0), "r": (math.sqrt(2.0),),
-                                           "s": (1 / math.sqrt(2.0),)}}
+_GELU_ERF_DOMAIN = {**_FLOAT, "special_values": False, "min_value": -1e30, "max_value": 1e30,
+                    "literals": {"half": (0.5,), "one": (1, 1.0), "r": (math.sqrt(2.0),), "s": (1 / math.sqrt(2.0),)}}
 
 
 @fxrewrite.rule(where=(literal_equals("half", 0.5), literal_equals("one", 1),
@@ -97,7 +97,7 @@ def gelu_erf(x, half: float, one: float, r: float):
 
 
 @gelu_erf.replacement
-def gelu_erf(x, half: float, one: float, r: float):  # noqa: F811
+def gelu_erf(x, half: float, one: float, r: float):
     return F.gelu(x)
 
 
@@ -110,7 +110,7 @@ def gelu_erf_scaled(x, half: float, one: float, s: float):
 
 
 @gelu_erf_scaled.replacement
-def gelu_erf_scaled(x, half: float, one: float, s: float):  # noqa: F811
+def gelu_erf_scaled(x, half: float, one: float, s: float):
     return F.gelu(x)
 
 
@@ -125,7 +125,7 @@ def hardswish_from_relu6(x, three: float, six: float):
 
 
 @hardswish_from_relu6.replacement
-def hardswish_from_relu6(x, three: float, six: float):  # noqa: F811
+def hardswish_from_relu6(x, three: float, six: float):
     return F.hardswish(x)
 
 
@@ -136,7 +136,7 @@ def hardsigmoid_from_relu6(x, three: float, six: float):
 
 
 @hardsigmoid_from_relu6.replacement
-def hardsigmoid_from_relu6(x, three: float, six: float):  # noqa: F811
+def hardsigmoid_from_relu6(x, three: float, six: float):
     return F.hardsigmoid(x)
 
 
@@ -148,7 +148,7 @@ def hardswish_from_hardsigmoid(x):
 
 
 @hardswish_from_hardsigmoid.replacement
-def hardswish_from_hardsigmoid(x):  # noqa: F811
+def hardswish_from_hardsigmoid(x):
     return F.hardswish(x)
 
 
@@ -159,7 +159,7 @@ def mish_from_softplus(x):
 
 
 @mish_from_softplus.replacement
-def mish_from_softplus(x):  # noqa: F811
+def mish_from_softplus(x):
     return F.mish(x)
 
 
@@ -175,7 +175,7 @@ def relu6_from_clamp(x, low: float, high: float):
 
 
 @relu6_from_clamp.replacement
-def relu6_from_clamp(x, low: float, high: float):  # noqa: F811
+def relu6_from_clamp(x, low: float, high: float):
     return F.relu6(x)
 
 
@@ -187,7 +187,7 @@ def relu_from_clamp(x, low: float):
 
 
 @relu_from_clamp.replacement
-def relu_from_clamp(x, low: float):  # noqa: F811
+def relu_from_clamp(x, low: float):
     return torch.relu(x)
 
 
@@ -199,5 +199,5 @@ def leaky_relu_from_where(x, zero: float, slope: float):
 
 
 @leaky_relu_from_where.replacement
-def leaky_relu_from_where(x, zero: float, slope: float):  # noqa: F811
+def leaky_relu_from_where(x, zero: float, slope: float):
     return F.leaky_relu(x, slope)

@@ -59,7 +59,7 @@ def add_neg(x, y):
 
 
 @add_neg.replacement
-def add_neg(x, y):  # noqa: F811 - the decorator turns the pair into one Rule
+def add_neg(x, y):
     return x - y
 
 
@@ -70,7 +70,7 @@ def sub_neg(x, y):
 
 
 @sub_neg.replacement
-def sub_neg(x, y):  # noqa: F811
+def sub_neg(x, y):
     return x + y
 
 
@@ -81,7 +81,7 @@ def mul_neg_neg(x, y):
 
 
 @mul_neg_neg.replacement
-def mul_neg_neg(x, y):  # noqa: F811
+def mul_neg_neg(x, y):
     return x * y
 
 
@@ -93,7 +93,7 @@ def div_neg_neg(x, y):
 
 
 @div_neg_neg.replacement
-def div_neg_neg(x, y):  # noqa: F811
+def div_neg_neg(x, y):
     return x / y
 
 
@@ -104,7 +104,7 @@ def abs_neg(x):
 
 
 @abs_neg.replacement
-def abs_neg(x):  # noqa: F811
+def abs_neg(x):
     return torch.abs(x)
 
 
@@ -119,7 +119,7 @@ def log1p_from_log(x, one: float):
 
 
 @log1p_from_log.replacement
-def log1p_from_log(x, one: float):  # noqa: F811
+def log1p_from_log(x, one: float):
     return torch.log1p(x)
 
 
@@ -131,7 +131,7 @@ def expm1_from_exp(x, one: float):
 
 
 @expm1_from_exp.replacement
-def expm1_from_exp(x, one: float):  # noqa: F811
+def expm1_from_exp(x, one: float):
     return torch.expm1(x)
 
 
@@ -144,7 +144,7 @@ def rsqrt_from_sqrt(x):
 
 
 @rsqrt_from_sqrt.replacement
-def rsqrt_from_sqrt(x):  # noqa: F811
+def rsqrt_from_sqrt(x):
     return torch.rsqrt(x)
 
 
@@ -155,5 +155,5 @@ def mean_from_sum(x):
 
 
 @mean_from_sum.replacement
-def mean_from_sum(x):  # noqa: F811
+def mean_from_sum(x):
     return x.mean()

@@ -86,7 +86,7 @@ def attention_scaled(q, k, v, s: float):
 
 
 @attention_scaled.replacement
-def attention_scaled(q, k, v, s: float):  # noqa: F811 - the decorator turns the pair into one Rule
+def attention_scaled(q, k, v, s: float):
     return F.scaled_dot_product_attention(q, k, v, scale=float(s))
 
 
@@ -98,7 +98,7 @@ def attention_divided(q, k, v, s: float):
 
 
 @attention_divided.replacement
-def attention_divided(q, k, v, s: float):  # noqa: F811
+def attention_divided(q, k, v, s: float):
     return F.scaled_dot_product_attention(q, k, v, scale=1.0 / s)
 
 
@@ -110,7 +110,7 @@ def attention_prescaled(q, k, v, s: float):
 
 
 @attention_prescaled.replacement
-def attention_prescaled(q, k, v, s: float):  # noqa: F811
+def attention_prescaled(q, k, v, s: float):
     return F.scaled_dot_product_attention(q, k, v, scale=float(s))
 
 
@@ -121,7 +121,7 @@ def attention_unscaled(q, k, v):
 
 
 @attention_unscaled.replacement
-def attention_unscaled(q, k, v):  # noqa: F811
+def attention_unscaled(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, scale=1.0)
 
 
@@ -133,7 +133,7 @@ def attention_bmm(q, k, v, s: float):
 
 
 @attention_bmm.replacement
-def attention_bmm(q, k, v, s: float):  # noqa: F811
+def attention_bmm(q, k, v, s: float):
     # bmm takes 3-d tensors only, where transpose(1, 2) is transpose(-2, -1).
     return F.scaled_dot_product_attention(q, k, v, scale=float(s))
 
@@ -153,7 +153,7 @@ def attention_sqrt_dim(q, k, v, t):
 
 
 @attention_sqrt_dim.replacement
-def attention_sqrt_dim(q, k, v, t):  # noqa: F811
+def attention_sqrt_dim(q, k, v, t):
     return F.scaled_dot_product_attention(q, k, v, scale=1.0 / sqrt(t.size(-1)))
 
 
@@ -166,7 +166,7 @@ def attention_inverse_sqrt_dim(q, k, v, t):
 
 
 @attention_inverse_sqrt_dim.replacement
-def attention_inverse_sqrt_dim(q, k, v, t):  # noqa: F811
+def attention_inverse_sqrt_dim(q, k, v, t):
     return F.scaled_dot_product_attention(q, k, v, scale=1 / sqrt(t.size(-1)))
 
 
@@ -247,7 +247,7 @@ def attention_alibi_bmm(q, kt, v, bias, mask, s: float, beta: float, b: int, h: 
 
 
 @attention_alibi_bmm.replacement
-def attention_alibi_bmm(q, kt, v, bias, mask, s: float, beta: float, b: int, h: int, t: int, n: int,  # noqa: F811
+def attention_alibi_bmm(q, kt, v, bias, mask, s: float, beta: float, b: int, h: int, t: int, n: int,
                         bh: int, t2: int, n2: int):
     heads = (b, h)
     out = F.scaled_dot_product_attention(q.unflatten(0, heads), kt.transpose(-2, -1).unflatten(0, heads),
@@ -264,7 +264,7 @@ def attention_masked(q, k, v, mask, s: float):
 
 
 @attention_masked.replacement
-def attention_masked(q, k, v, mask, s: float):  # noqa: F811
+def attention_masked(q, k, v, mask, s: float):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=float(s))
 
 
@@ -276,7 +276,7 @@ def attention_masked_divided(q, k, v, mask, s: float):
 
 
 @attention_masked_divided.replacement
-def attention_masked_divided(q, k, v, mask, s: float):  # noqa: F811
+def attention_masked_divided(q, k, v, mask, s: float):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / s)
 
 
@@ -287,7 +287,7 @@ def attention_masked_sqrt_dim(q, k, v, mask, t):
 
 
 @attention_masked_sqrt_dim.replacement
-def attention_masked_sqrt_dim(q, k, v, mask, t):  # noqa: F811
+def attention_masked_sqrt_dim(q, k, v, mask, t):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / sqrt(t.size(-1)))
 
 
@@ -298,7 +298,7 @@ def attention_masked_inverse_sqrt_dim(q, k, v, mask, t):
 
 
 @attention_masked_inverse_sqrt_dim.replacement
-def attention_masked_inverse_sqrt_dim(q, k, v, mask, t):  # noqa: F811
+def attention_masked_inverse_sqrt_dim(q, k, v, mask, t):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1 / sqrt(t.size(-1)))
 
 
@@ -309,7 +309,7 @@ def attention_masked_unscaled(q, k, v, mask):
 
 
 @attention_masked_unscaled.replacement
-def attention_masked_unscaled(q, k, v, mask):  # noqa: F811
+def attention_masked_unscaled(q, k, v, mask):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
 
 
@@ -324,5 +324,5 @@ def attention_masked_two_terms(q, k, v, bias, mask, s: float):
 
 
 @attention_masked_two_terms.replacement
-def attention_masked_two_terms(q, k, v, bias, mask, s: float):  # noqa: F811
+def attention_masked_two_terms(q, k, v, bias, mask, s: float):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias + mask, scale=float(s))

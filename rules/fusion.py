@@ -99,7 +99,7 @@ def conv_bn_fold(x, conv: _ConvNd, bn: _BatchNorm):
 
 
 @conv_bn_fold.replacement
-def conv_bn_fold(x, conv: _ConvNd, bn: _BatchNorm):  # noqa: F811 - the decorator turns the pair into one Rule
+def conv_bn_fold(x, conv: _ConvNd, bn: _BatchNorm):
     return _fold_conv_bn(conv, bn)(x)
 
 
@@ -134,7 +134,7 @@ def linear_bn_fold(x, lin: nn.Linear, bn: nn.BatchNorm1d):
 
 
 @linear_bn_fold.replacement
-def linear_bn_fold(x, lin: nn.Linear, bn: nn.BatchNorm1d):  # noqa: F811
+def linear_bn_fold(x, lin: nn.Linear, bn: nn.BatchNorm1d):
     return _fold_linear_bn(lin, bn)(x)
 
 
@@ -164,7 +164,7 @@ def linear_add_bias(x, w, b):
 
 
 @linear_add_bias.replacement
-def linear_add_bias(x, w, b):  # noqa: F811
+def linear_add_bias(x, w, b):
     return F.linear(x, w, b)
 
 
@@ -175,7 +175,7 @@ def matmul_add_bias(x, w, b):
 
 
 @matmul_add_bias.replacement
-def matmul_add_bias(x, w, b):  # noqa: F811
+def matmul_add_bias(x, w, b):
     return F.linear(x, w, b)
 
 
@@ -197,7 +197,7 @@ def linear_layer_add_bias(x, b, lin: nn.Linear):
 
 
 @linear_layer_add_bias.replacement
-def linear_layer_add_bias(x, b, lin: nn.Linear):  # noqa: F811
+def linear_layer_add_bias(x, b, lin: nn.Linear):
     return F.linear(x, lin.weight, b)
 
 
@@ -217,5 +217,5 @@ def dropout_layer_inactive(x, drop: _DropoutNd):
 
 
 @dropout_layer_inactive.replacement
-def dropout_layer_inactive(x, drop: _DropoutNd):  # noqa: F811
+def dropout_layer_inactive(x, drop: _DropoutNd):
     return x

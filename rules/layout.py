@@ -58,7 +58,7 @@ def permute_permute_3d(x, p0: int, p1: int, p2: int, q0: int, q1: int, q2: int):
 
 
 @permute_permute_3d.replacement
-def permute_permute_3d(x, p0: int, p1: int, p2: int, q0: int, q1: int, q2: int):  # noqa: F811
+def permute_permute_3d(x, p0: int, p1: int, p2: int, q0: int, q1: int, q2: int):
     return _composed(x, (p0, p1, p2), (q0, q1, q2))
 
 
@@ -69,7 +69,7 @@ def permute_permute_4d(x, p0: int, p1: int, p2: int, p3: int, q0: int, q1: int, 
 
 
 @permute_permute_4d.replacement
-def permute_permute_4d(x, p0: int, p1: int, p2: int, p3: int, q0: int, q1: int, q2: int, q3: int):  # noqa: F811
+def permute_permute_4d(x, p0: int, p1: int, p2: int, p3: int, q0: int, q1: int, q2: int, q3: int):
     return _composed(x, (p0, p1, p2, p3), (q0, q1, q2, q3))
 
 
@@ -81,6 +81,6 @@ def permute_permute_5d(x, p0: int, p1: int, p2: int, p3: int, p4: int,
 
 
 @permute_permute_5d.replacement
-def permute_permute_5d(x, p0: int, p1: int, p2: int, p3: int, p4: int,  # noqa: F811
+def permute_permute_5d(x, p0: int, p1: int, p2: int, p3: int, p4: int,
                        q0: int, q1: int, q2: int, q3: int, q4: int):
     return _composed(x, (p0, p1, p2, p3, p4), (q0, q1, q2, q3, q4))

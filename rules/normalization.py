@@ -68,7 +68,7 @@ def layer_norm_from_var(x, eps: float):
 
 
 @layer_norm_from_var.replacement
-def layer_norm_from_var(x, eps: float):  # noqa: F811 - the decorator turns the pair into one Rule
+def layer_norm_from_var(x, eps: float):
     return F.layer_norm(x, _last_dim(x), eps=eps)
 
 
@@ -79,7 +79,7 @@ def layer_norm_from_var_affine(x, w, b, eps: float):
 
 
 @layer_norm_from_var_affine.replacement
-def layer_norm_from_var_affine(x, w, b, eps: float):  # noqa: F811
+def layer_norm_from_var_affine(x, w, b, eps: float):
     return F.layer_norm(x, _last_dim(x), w, b, eps)
 
 
@@ -90,7 +90,7 @@ def layer_norm_from_centered(x, eps: float):
 
 
 @layer_norm_from_centered.replacement
-def layer_norm_from_centered(x, eps: float):  # noqa: F811
+def layer_norm_from_centered(x, eps: float):
     return F.layer_norm(x, _last_dim(x), eps=eps)
 
 
@@ -101,7 +101,7 @@ def layer_norm_from_centered_affine(x, w, b, eps: float):
 
 
 @layer_norm_from_centered_affine.replacement
-def layer_norm_from_centered_affine(x, w, b, eps: float):  # noqa: F811
+def layer_norm_from_centered_affine(x, w, b, eps: float):
     return F.layer_norm(x, _last_dim(x), w, b, eps)
 
 
@@ -119,7 +119,7 @@ def rms_norm_from_rsqrt(x, eps: float):
 
 
 @rms_norm_from_rsqrt.replacement
-def rms_norm_from_rsqrt(x, eps: float):  # noqa: F811
+def rms_norm_from_rsqrt(x, eps: float):
     return F.rms_norm(x, _last_dim(x), eps=eps)
 
 
@@ -131,7 +131,7 @@ def rms_norm_from_rsqrt_affine(x, w, eps: float):
 
 
 @rms_norm_from_rsqrt_affine.replacement
-def rms_norm_from_rsqrt_affine(x, w, eps: float):  # noqa: F811
+def rms_norm_from_rsqrt_affine(x, w, eps: float):
     return F.rms_norm(x, _last_dim(x), w, eps)
 
 
@@ -142,7 +142,7 @@ def rms_norm_from_sqrt(x, eps: float):
 
 
 @rms_norm_from_sqrt.replacement
-def rms_norm_from_sqrt(x, eps: float):  # noqa: F811
+def rms_norm_from_sqrt(x, eps: float):
     return F.rms_norm(x, _last_dim(x), eps=eps)
 
 
@@ -178,7 +178,7 @@ def rms_norm_upcast_affine(x, w, eps: float):
 
 
 @rms_norm_upcast_affine.replacement
-def rms_norm_upcast_affine(x, w, eps: float):  # noqa: F811
+def rms_norm_upcast_affine(x, w, eps: float):
     return _weight_times_rms_norm(x, w, eps)
 
 
@@ -197,7 +197,7 @@ def rms_norm_t5_affine(x, w, eps: float):
 
 
 @rms_norm_t5_affine.replacement
-def rms_norm_t5_affine(x, w, eps: float):  # noqa: F811
+def rms_norm_t5_affine(x, w, eps: float):
     return F.rms_norm(x, _last_dim(x), w, eps)
 
 
@@ -209,7 +209,7 @@ def rms_norm_t5_half(x, w, eps: float):
 
 
 @rms_norm_t5_half.replacement
-def rms_norm_t5_half(x, w, eps: float):  # noqa: F811
+def rms_norm_t5_half(x, w, eps: float):
     return _weight_times_rms_norm(x, w, eps)
 
 
@@ -231,7 +231,7 @@ def softmax_from_exp_amax(x, d: int):
 
 
 @softmax_from_exp_amax.replacement
-def softmax_from_exp_amax(x, d: int):  # noqa: F811
+def softmax_from_exp_amax(x, d: int):
     return torch.softmax(x, d)
 
 
@@ -242,7 +242,7 @@ def softmax_from_exp_max(x, d: int):
 
 
 @softmax_from_exp_max.replacement
-def softmax_from_exp_max(x, d: int):  # noqa: F811
+def softmax_from_exp_max(x, d: int):
     return torch.softmax(x, d)
 
 
@@ -253,7 +253,7 @@ def softmax_from_exp_max_values(x, d: int):
 
 
 @softmax_from_exp_max_values.replacement
-def softmax_from_exp_max_values(x, d: int):  # noqa: F811
+def softmax_from_exp_max_values(x, d: int):
     return torch.softmax(x, d)
 
 
@@ -266,7 +266,7 @@ def softmax_from_exp(x, d: int):
 
 
 @softmax_from_exp.replacement
-def softmax_from_exp(x, d: int):  # noqa: F811
+def softmax_from_exp(x, d: int):
     return torch.softmax(x, d)
 
 
@@ -279,7 +279,7 @@ def log_softmax_from_logsumexp(x, d: int):
 
 
 @log_softmax_from_logsumexp.replacement
-def log_softmax_from_logsumexp(x, d: int):  # noqa: F811
+def log_softmax_from_logsumexp(x, d: int):
     return torch.log_softmax(x, d)
 
 
@@ -292,5 +292,5 @@ def log_softmax_from_log(x, d: int):
 
 
 @log_softmax_from_log.replacement
-def log_softmax_from_log(x, d: int):  # noqa: F811
+def log_softmax_from_log(x, d: int):
     return torch.log_softmax(x, d)

@@ -51,6 +51,6 @@ def hf_eager_attention(q, k, v, mask, p: float):
 
 
 @hf_eager_attention.replacement
-def hf_eager_attention(q, k, v, mask, p: float):  # noqa: F811 - the decorator makes the pair one Rule
+def hf_eager_attention(q, k, v, mask, p: float):
     # dropout is inactive (training=False) whatever p is
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
