@@ -4,7 +4,8 @@ The leading underscore keeps fxrewrite's pytest plugin from ever collecting this
 module (it imports fxrewrite at module level), as the loader skips ``_``-prefixed files.
 
 * :func:`assert_rewrite_sound`: the check every test that rewrites and runs the result makes
-  (the graph lints, the numbers match the original's);
+  (the graph lints, every output matches the original's), and :func:`assert_same_outputs`, the
+  strict comparison of two outputs it makes (structure, values, dtype, shape);
 * a model with state (:class:`StatefulNet`) and snapshots of everything a rewrite must leave
   alone (:func:`module_state`, :func:`graph_state`, :func:`assert_same_state`);
 * small rule builders (:func:`neg_neg`, and rules that break the graph behind the splice's back)
@@ -29,6 +30,7 @@ import pytest
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
+import torch.utils._pytree as pytree
 
 import fxrewrite
 from fxrewrite import Rule
@@ -40,13 +42,36 @@ def _cloned(values: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(v.clone() if isinstance(v, torch.Tensor) else v for v in values)
 
 
+def assert_same_outputs(actual: Any, expected: Any, **tolerance: Any) -> None:
+    """``actual`` is ``expected``, output by output: the same structure (a tensor is not a
+    one-tuple, a tuple is not a list, a dict has the same keys, nested alike), and every leaf
+    equal by ``torch.testing.assert_close`` (values, dtype, shape and device; ``tolerance`` is
+    passed on). The message names the leaf that differs.
+
+    >>> assert_same_outputs((torch.ones(2), {"n": 3}), (torch.ones(2), {"n": 3}))
+    >>> assert_same_outputs((torch.ones(2), torch.zeros(1)), (torch.ones(2), torch.ones(1)))
+    Traceback (most recent call last):
+    AssertionError: output [1]: Tensor-likes are not close!...
+    """
+    actual_leaves, actual_spec = pytree.tree_flatten(actual)
+    expected_leaves, expected_spec = pytree.tree_flatten(expected)
+    if actual_spec != expected_spec:
+        raise AssertionError(f"the outputs differ in structure: got {actual_spec}, expected {expected_spec}")
+    paths = [pytree.keystr(path) for path, _ in pytree.tree_flatten_with_path(expected)[0]]
+    for path, a, e in zip(paths, actual_leaves, expected_leaves):
+        where = f"output {path}" if path else "the output"
+        torch.testing.assert_close(a, e, **tolerance, msg=lambda m, where=where: f"{where}: {m}")
+
+
 def assert_rewrite_sound(original: Callable[..., Any], result: fxrewrite.RewriteResult, *inputs: Any,
                          **tolerance: Any) -> fxrewrite.RewriteResult:
-    """The rewritten module's graph lints and the module computes what ``original`` computes on
-    ``inputs`` (``torch.testing.assert_close``; ``tolerance`` is passed on: ``rtol``, ``atol``,
-    ``equal_nan``). Each side gets its own copy of the tensor inputs, so an in-place op on one
-    side cannot change what the other side sees. When the target was an ExportedProgram, the
-    program's own graph is linted too. Returns ``result``.
+    """The one equivalence check of the test suite: the rewritten module's graph lints and the
+    module computes what ``original`` computes on ``inputs``, every output of it
+    (:func:`assert_same_outputs`: structure, values, dtype, shape; ``tolerance`` is passed on to
+    ``torch.testing.assert_close``: ``rtol``, ``atol``, ``equal_nan``). Each side gets its own copy
+    of the tensor inputs, so an in-place op on one side cannot change what the other side sees.
+    When the target was an ExportedProgram, the program's own graph is linted too. Returns
+    ``result``.
 
     ``original`` is the program before the rewrite, or any reference the result must match (a
     deliberately inexact rule's expected function)."""
@@ -56,7 +81,7 @@ def assert_rewrite_sound(original: Callable[..., Any], result: fxrewrite.Rewrite
     with torch.no_grad():
         actual = result.module(*_cloned(inputs))
         expected = original(*_cloned(inputs))
-    torch.testing.assert_close(actual, expected, **tolerance)
+    assert_same_outputs(actual, expected, **tolerance)
     return result
 
 

@@ -36,12 +36,8 @@ def at_level(level: str, fn, inputs: tuple):
 
 
 def assert_same(result, fn, inputs, **tolerance) -> None:
-    result.module.graph.lint()
-    with torch.no_grad():
-        expected = fn(*inputs)
-        actual = result.module(*inputs)
-    torch.testing.assert_close(actual if not isinstance(actual, (tuple, list)) or isinstance(expected, (tuple, list))
-                               else actual[0], expected, **tolerance)
+    """The rewrite of ``fn`` (at any level) lints and computes every output ``fn`` computes."""
+    assert_rewrite_sound(fn, result, *inputs, **tolerance)
 
 
 LEVELS = ("traced", "exported", "unlifted")
