@@ -441,3 +441,27 @@ def test_an_empty_rule_file_gives_no_rules_and_rewrites_nothing(tmp_path):
     result = rewrite(gm, rules)
     assert result.report.rewrites == 0
     assert_consistent(result.module, model)
+
+
+# ---- start-up ----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_lark_is_imported_only_when_a_rule_file_is_parsed(tmp_path):
+    """``import fxrewrite``, loading Python rule files and rewriting with them parse no rule text,
+    so they never import lark (about 0.1 s); the first ``.fxr`` file parsed imports it."""
+    import subprocess
+
+    write(tmp_path / "neg.py", "import torch\n\ndef double_neg_pattern(x):\n    return torch.neg(torch.neg(x))\n\n"
+                               "def double_neg_replacement(x):\n    return x\n")
+    write(tmp_path / "later" / "neg.fxr", NEG.format(name="fxr_neg"))
+    script = textwrap.dedent(f"""
+        import sys, torch, fxrewrite
+        rules = fxrewrite.load_rules({str(tmp_path / 'neg.py')!r})
+        result = fxrewrite.rewrite(lambda a: torch.neg(torch.neg(a)) + 1, rules)
+        print(len(rules), result.report.rewrites, 'lark' in sys.modules)
+        fxrewrite.load_rules({str(tmp_path / 'later')!r})
+        print('lark' in sys.modules)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["1", "1", "False", "True"], out.stderr
