@@ -214,11 +214,12 @@ class Rejection:
     progress: int
 
 
-class _Search:
-    """Backtracking search for one pattern at one anchor candidate.
-
-    The generators below yield once per consistent extension of ``p2g`` and undo their own
-    bindings when resumed, so the search explores alternatives without copying state.
+class _Steps:
+    """The state of matching one pattern at one anchor candidate (the bindings ``p2g``, what was
+    looked through or assumed, the closest miss) and the single steps that decide one pattern
+    value against one graph value. Two walks take their decisions from these steps: the
+    backtracking :class:`_Search`, and its fast twin :class:`_StraightWalk` for patterns without
+    alternatives.
     """
 
     def __init__(self, pattern: Pattern, modules: Mapping[str, torch.nn.Module], options: MatchOptions,
@@ -360,6 +361,12 @@ class _Search:
         return pn in self.pattern.value_nodes and self.options.canonical and (
             not isinstance(gv, Node) or not self.same_op(pn, gv))
 
+    def same_op(self, pn: Node, gv: Node) -> bool:
+        """Does the graph node ``gv`` compute the pattern operation ``pn`` (by op key)?"""
+        if self.options.canonical:
+            return node_key(pn) in node_keys(gv)
+        return op_key_of(gv.op, gv.target, False) == op_key_of(pn.op, pn.target, False)
+
     def operation_arguments(self, pn: Node, gv: Any) -> LinedUp | None:
         """The arguments of the pattern operation ``pn`` and the graph node ``gv`` lined up, when
         ``gv`` computes the same operation; else ``None``."""
@@ -382,6 +389,14 @@ class _Search:
                                       f"pattern's '{pn.target}'")
             return None
         return values
+
+
+class _Search(_Steps):
+    """Backtracking search for one pattern at one anchor candidate.
+
+    The generators below yield once per consistent extension of ``p2g`` and undo their own
+    bindings when resumed, so the search explores alternatives without copying state.
+    """
 
     # -- the backtracking search ---------------------------------------------------------------
     def value(self, pv: Any, gv: Any, name: str | None = None) -> Iterator[None]:
@@ -465,80 +480,6 @@ class _Search:
         self.assumed.pop()
         self.unbind(pn)
 
-    def same_op(self, pn: Node, gv: Node) -> bool:
-        """Does the graph node ``gv`` compute the pattern operation ``pn`` (by op key)?"""
-        if self.options.canonical:
-            return node_key(pn) in node_keys(gv)
-        return op_key_of(gv.op, gv.target, False) == op_key_of(pn.op, pn.target, False)
-
-    # -- the straight walk (patterns without alternatives) -------------------------------------
-    def straight_node(self, pn: Node, gv: Any) -> bool:
-        """Match ``pn`` at ``gv`` without backtracking, leaving the bindings in place: for
-        patterns where every step has at most one way to succeed (:attr:`Pattern.choice_free`),
-        it binds exactly what the first solution of :meth:`node` binds, without a generator per
-        step."""
-        bound = self.p2g.get(pn, _MISSING)
-        if bound is not _MISSING:
-            if pn in self.pattern.param_of or bound is gv or not isinstance(gv, Node) or not isinstance(bound, Node):
-                return self.agrees_with_binding(pn, bound, gv)
-            chain = self.identities_between(pn, gv)
-            if chain is None:
-                return self.agrees_with_binding(pn, bound, gv)  # records why
-            self.skipped.extend((n, pn) for n in chain)
-            return True
-        param = self.pattern.param_of.get(pn)
-        if param is not None:
-            value = self.variable_value(pn, param, gv)
-            if value is _MISSING:
-                return False
-            self.bind(pn, value)
-            return True
-        behind = self.looked_through(pn, gv)
-        if behind is not None:
-            if self.same_op(pn, gv):
-                raise _Undecided  # the op itself, or the op behind it: let the search try both
-            self.skipped.append((gv, pn))
-            return self.straight_node(pn, behind)
-        values = self.operation_arguments(pn, gv)
-        if values is None:
-            return False
-        self.bind(pn, gv)
-        names, p_values, g_values = values
-        if pn in self.pattern.commutative and self.options.commutative and is_commutative_call(
-                gv.op, gv.target, gv.args, gv.kwargs):
-            g_values = self.decided_order(p_values, g_values)
-        for name, p, g in zip(names, p_values, g_values):  # noqa: SIM110 - a loop: no generator per node
-            if not self.straight_value(p, g, name):
-                return False
-        return True
-
-    def decided_order(self, p_values: tuple[Any, ...], g_values: tuple[Any, ...]) -> tuple[Any, ...]:
-        """The graph operands of a commutative call in the one order that can match (see
-        :attr:`Pattern.choice_free`): the pattern operand matching only nodes faces the graph's
-        node operand. When the graph has no such operand, or two, neither order matches and the
-        order as written is returned."""
-        kinds = (self.pattern.operand_kind(p_values[0]), self.pattern.operand_kind(p_values[1]))
-        if self.options.variables_bind_literals or set(kinds) != {"constant", "node"}:
-            # variables may bind constants too (torch.fx's matching), or the call is lined up
-            # otherwise than the pattern as traced: both orders may match, let the search try them
-            raise _Undecided
-        node_side = kinds.index("node")
-        if not isinstance(g_values[node_side], Node) and isinstance(g_values[1 - node_side], Node):
-            return (g_values[1], g_values[0], *g_values[2:])
-        return g_values
-
-    def straight_value(self, pv: Any, gv: Any, name: str | None) -> bool:
-        if isinstance(pv, Node):
-            return self.straight_node(pv, gv)
-        if isinstance(pv, (list, tuple)):
-            if not self.same_length(pv, gv, name):
-                return False
-            for p, g in zip(pv, gv):  # noqa: SIM110 - as above
-                if not self.straight_value(p, g, name):
-                    return False
-            return True
-        return self.literal_agrees(pv, gv, name)
-
     def folded(self, pn: Node, gv: Any) -> Iterator[None]:
         """A pattern expression of the bound values' sizes or dtypes (``q.size(-1)``) where the
         graph holds a constant (torch.export folds sizes): bind it now, compare the values once
@@ -620,6 +561,82 @@ class _Search:
         return first, None
 
 
+class _StraightWalk(_Steps):
+    """Matching without backtracking, for patterns where every step has at most one way to
+    succeed (:attr:`Pattern.choice_free`): it binds exactly what the first solution of its slow
+    twin :class:`_Search` binds, without a generator per step, or raises :class:`_Undecided`
+    where the graph leaves a choice after all. ``tests/test_match.py`` checks the two agree on
+    every shipped rule and case.
+    """
+
+    def straight_node(self, pn: Node, gv: Any) -> bool:
+        """Match ``pn`` at ``gv`` without backtracking, leaving the bindings in place: for
+        patterns where every step has at most one way to succeed (:attr:`Pattern.choice_free`),
+        it binds exactly what the first solution of :meth:`node` binds, without a generator per
+        step."""
+        bound = self.p2g.get(pn, _MISSING)
+        if bound is not _MISSING:
+            if pn in self.pattern.param_of or bound is gv or not isinstance(gv, Node) or not isinstance(bound, Node):
+                return self.agrees_with_binding(pn, bound, gv)
+            chain = self.identities_between(pn, gv)
+            if chain is None:
+                return self.agrees_with_binding(pn, bound, gv)  # records why
+            self.skipped.extend((n, pn) for n in chain)
+            return True
+        param = self.pattern.param_of.get(pn)
+        if param is not None:
+            value = self.variable_value(pn, param, gv)
+            if value is _MISSING:
+                return False
+            self.bind(pn, value)
+            return True
+        behind = self.looked_through(pn, gv)
+        if behind is not None:
+            if self.same_op(pn, gv):
+                raise _Undecided  # the op itself, or the op behind it: let the search try both
+            self.skipped.append((gv, pn))
+            return self.straight_node(pn, behind)
+        values = self.operation_arguments(pn, gv)
+        if values is None:
+            return False
+        self.bind(pn, gv)
+        names, p_values, g_values = values
+        if pn in self.pattern.commutative and self.options.commutative and is_commutative_call(
+                gv.op, gv.target, gv.args, gv.kwargs):
+            g_values = self.decided_order(p_values, g_values)
+        for name, p, g in zip(names, p_values, g_values):  # noqa: SIM110 - a loop: no generator per node
+            if not self.straight_value(p, g, name):
+                return False
+        return True
+
+    def decided_order(self, p_values: tuple[Any, ...], g_values: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The graph operands of a commutative call in the one order that can match (see
+        :attr:`Pattern.choice_free`): the pattern operand matching only nodes faces the graph's
+        node operand. When the graph has no such operand, or two, neither order matches and the
+        order as written is returned."""
+        kinds = (self.pattern.operand_kind(p_values[0]), self.pattern.operand_kind(p_values[1]))
+        if self.options.variables_bind_literals or set(kinds) != {"constant", "node"}:
+            # variables may bind constants too (torch.fx's matching), or the call is lined up
+            # otherwise than the pattern as traced: both orders may match, let the search try them
+            raise _Undecided
+        node_side = kinds.index("node")
+        if not isinstance(g_values[node_side], Node) and isinstance(g_values[1 - node_side], Node):
+            return (g_values[1], g_values[0], *g_values[2:])
+        return g_values
+
+    def straight_value(self, pv: Any, gv: Any, name: str | None) -> bool:
+        if isinstance(pv, Node):
+            return self.straight_node(pv, gv)
+        if isinstance(pv, (list, tuple)):
+            if not self.same_length(pv, gv, name):
+                return False
+            for p, g in zip(pv, gv):  # noqa: SIM110 - as above
+                if not self.straight_value(p, g, name):
+                    return False
+            return True
+        return self.literal_agrees(pv, gv, name)
+
+
 def match_at(pattern: Pattern, anchor: Node, owner: torch.nn.Module | None, *,
              options: MatchOptions = MatchOptions(),
              candidates: Callable[[Any], Iterable[Node]] | None = None,
@@ -634,18 +651,19 @@ def match_at(pattern: Pattern, anchor: Node, owner: torch.nn.Module | None, *,
     """
     if modules is None:
         modules = dict(owner.named_modules()) if owner is not None and pattern.module_captures else {}
-    search = _Search(pattern, modules, options, candidates, record=on_reject is not None)
     if pattern.choice_free and on_reject is None:
+        walk = _StraightWalk(pattern, modules, options, candidates, record=False)
         try:  # one way to match at most: no search needed
-            walked = search.straight_node(pattern.anchor, anchor)
+            walked = walk.straight_node(pattern.anchor, anchor)
         except _Undecided:
-            search = _Search(pattern, modules, options, candidates, record=False)
+            pass  # the search tries the alternatives
         else:
             if walked:
-                match, _ = _sound_match(pattern, search.p2g, anchor, modules, search.skipped)
+                match, _ = _sound_match(pattern, walk.p2g, anchor, modules, walk.skipped)
                 if match is not None:
                     yield match
             return
+    search = _Search(pattern, modules, options, candidates, record=on_reject is not None)
     extend = search.remaining_outputs if pattern.is_multi_output else _once
     for _ in search.node(pattern.anchor, anchor):
         for _ in extend():

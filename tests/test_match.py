@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import operator
 
+import pytest
 import torch
 import torch.fx as fx
 
@@ -122,6 +123,7 @@ def _every_match(pattern, gm, *, searched: bool):
     return found
 
 
+@pytest.mark.slow  # every shipped rule on every shipped case: 3 s
 def test_the_straight_walk_finds_what_the_search_finds_for_every_shipped_rule_on_every_shipped_case():
     from test_stdlib import CASES, LIBRARY  # tests/ is on sys.path, as for _helpers
 
