@@ -388,10 +388,20 @@ def _what_it_raised(finding: Any, rules: RuleSet) -> Any:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line: one sub-command per job (``apply``, ``explain``, ``check``, ``list``,
+    ``lint``), each built by its ``_add_<command>_command``."""
     parser = argparse.ArgumentParser(prog="fxrewrite", description="Pattern-rewriting rules for PyTorch programs.")
     parser.add_argument("--version", action="version", version=f"fxrewrite {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_apply_command(sub)
+    _add_explain_command(sub)
+    _add_check_command(sub)
+    _add_list_command(sub)
+    _add_lint_command(sub)
+    return parser
 
+
+def _add_apply_command(sub: Any) -> None:
     apply = sub.add_parser("apply", help="rewrite a model with a rule set and report what changed")
     apply.add_argument("target", help="path/to/file.py:NAME or package.module:NAME (module, class or factory)")
     apply.add_argument("--rules", action="append", metavar="PATH",
@@ -410,6 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="show every rule in the report (default: those that fired or were refused by a guard)")
     apply.set_defaults(run=cmd_apply)
 
+
+def _add_explain_command(sub: Any) -> None:
     explain = sub.add_parser("explain", help="say where each rule matches and why it does not elsewhere")
     explain.add_argument("target", help="path/to/file.py:NAME or package.module:NAME")
     explain.add_argument("--rules", action="append", metavar="PATH",
@@ -427,6 +439,8 @@ def build_parser() -> argparse.ArgumentParser:
                               "example_inputs(); 'dynamo' is what a backend receives)")
     explain.set_defaults(run=cmd_explain)
 
+
+def _add_check_command(sub: Any) -> None:
     check = sub.add_parser("check",
                            help="property-test rules: does each replacement compute what its pattern computes?")
     check.add_argument("paths", nargs="*", metavar="PATH", help="rule files or directories (default: shipped)")
@@ -440,15 +454,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_rules_option(check)
     check.set_defaults(run=cmd_check)
 
+
+def _add_list_command(sub: Any) -> None:
     listing = sub.add_parser("list", help="list rules with their origin, priority and doc")
     listing.add_argument("paths", nargs="*", metavar="PATH", help="rule files or directories (default: shipped)")
     listing.set_defaults(run=cmd_list)
 
+
+def _add_lint_command(sub: Any) -> None:
     lint = sub.add_parser("lint", help="analyse rules before running them: loops, rules undoing each other, "
                                        "rules that never fire")
     lint.add_argument("paths", nargs="*", metavar="PATH", help="rule files or directories (default: shipped)")
     lint.set_defaults(run=cmd_lint)
-    return parser
 
 
 #: ``explain --stage``: Inductor's pass stages (``fxrewrite.inductor.STAGES``) and ``dynamo``; spelt

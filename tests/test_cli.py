@@ -143,7 +143,9 @@ def test_version_is_the_package_version():
 def test_the_version_has_one_source():
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert "version" not in pyproject["project"] and "version" in pyproject["project"]["dynamic"]
-    assert pyproject["tool"]["hatch"]["version"]["path"] == "fxrewrite/__init__.py"
+    source = ROOT / pyproject["tool"]["hatch"]["version"]["path"]
+    assert source.name == "_version.py" and f'__version__ = "{fxrewrite.__version__}"' in source.read_text()
+    assert "__version__ = " not in (ROOT / "fxrewrite" / "__init__.py").read_text()
 
 
 def test_help_does_not_import_torch():
