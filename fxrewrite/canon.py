@@ -697,9 +697,14 @@ def _inplace_flag(node: Node) -> bool:
 
 
 def _is_functional(target: Any) -> bool:
+    return _held_in(target, FUNCTIONALS)
+
+
+def _held_in(target: Any, table: Any) -> bool:
+    """``target in table``, false for an unhashable target (a call_function may call anything)."""
     try:
-        return target in FUNCTIONALS
-    except TypeError:  # an unhashable target
+        return target in table
+    except TypeError:
         return False
 
 
@@ -1306,10 +1311,7 @@ def pattern_identity(node: Node) -> tuple[Node, Any] | None:
 
 
 def _is_dropout_function(target: Any) -> bool:
-    try:
-        return target in _DROPOUT_FUNCTIONS
-    except TypeError:  # an unhashable target
-        return False
+    return _held_in(target, _DROPOUT_FUNCTIONS)
 
 
 def through_identities(value: Any) -> Any:
