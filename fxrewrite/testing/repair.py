@@ -8,10 +8,16 @@ become ``where=`` guards, so that the repaired rule is enforced at rewrite time 
 metadata); layout and value restrictions can only be declared as a ``domain=`` (the graph does
 not know values): the rule's user must make sure such inputs cannot occur.
 
+A restriction is a value (:class:`Restriction`: what it restricts and the bound or relation),
+evaluated directly (:meth:`Restriction.admits` on concrete inputs, :meth:`Restriction.holds` on a
+match) and rendered as the text the report shows (:meth:`Restriction.python`,
+:meth:`Restriction.dsl`); nothing is evaluated from text.
+
 The search is cheap: a candidate that admits a counterexample already seen is skipped without
 running anything, and each remaining candidate gets a short search; the first one that passes
 is verified by a second, larger search with other examples. Every counterexample found on the
-way prunes the candidates after it.
+way prunes the candidates after it. The candidates are checked by the checker handed in
+(``check=``, :func:`~fxrewrite.testing.check_rule`, which is how the check asks for a repair).
 
 >>> import torch
 >>> from fxrewrite import Rule
@@ -21,6 +27,8 @@ way prunes the candidates after it.
 where=lambda m: all(m[n].dtype != torch.bool for n in ("x",)),
 >>> check_rule(result.repair).ok
 True
+>>> RankRestriction(("x", "y"), at_least=2).dsl()
+'x.dim() >= 2 and y.dim() >= 2'
 """
 
 from __future__ import annotations
@@ -28,16 +36,30 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, ClassVar, Literal, Protocol
 
 import attrs
 import torch
 
 from ..rule import Rule
+from ._report import CheckResult
 from .strategies import DEFAULT_DTYPES
 
-__all__ = ["VALUE_BOUNDS", "Repair", "Restriction", "repair_rule", "restrictions_for"]
+__all__ = [
+    "VALUE_BOUNDS",
+    "DtypeRestriction",
+    "LayoutRestriction",
+    "RankRestriction",
+    "Repair",
+    "Restriction",
+    "RestrictionGuard",
+    "ShapeRestriction",
+    "ValueRestriction",
+    "repair_report",
+    "repair_rule",
+    "restrictions_for",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -51,97 +73,239 @@ VERIFY_EXAMPLES = 100
 MAX_SEARCHES = 12
 
 
+# -- restrictions --------------------------------------------------------------------------------
+
+
 @attrs.frozen
 class Restriction:
-    """One restriction of a rule's inputs.
+    """One restriction of a rule's tensor arguments ``names``; a subclass per family says what
+    is restricted and how.
 
-    ``admits(inputs, names)`` says whether concrete inputs satisfy it (``names``: the rule's
-    tensor parameters); ``guard`` is the source of a ``where=`` lambda enforcing it (``None``
-    when the graph cannot tell, e.g. for values), ``dsl`` the same as a ``.fxr`` ``where``
-    clause, and ``narrow(domain)`` the rule's ``domain`` narrowed so that the checker draws
-    only admitted inputs (``None`` when nothing is left).
+    ``admits(inputs)`` says whether concrete inputs satisfy it; ``enforced`` restrictions (the
+    graph's metadata can tell) also evaluate on a match (``holds(match)``), which is what the
+    ``where=`` guard of a repaired rule does (``guard()``), and render as that guard's Python
+    source (``python()``) and as a ``.fxr`` ``where`` clause (``dsl()``); ``narrow(domain)`` is
+    the rule's ``domain`` narrowed so that the checker draws only admitted inputs (``None``
+    when nothing is left).
     """
 
-    family: str
-    label: str
-    admits: Callable[[Mapping[str, Any], Sequence[str]], bool]
-    narrow: Callable[[dict[str, Any]], dict[str, Any] | None]
-    guard: str | None = None
-    dsl: str | None = None
+    names: tuple[str, ...]
+    family: ClassVar[str] = ""
+    #: True when a ``where=`` guard enforces it at rewrite time (from the graph's metadata).
+    enforced: ClassVar[bool] = False
+
+    @property
+    def label(self) -> str:
+        raise NotImplementedError
+
+    def admits(self, inputs: Mapping[str, Any]) -> bool:
+        """Whether the tensors among ``inputs`` satisfy the restriction."""
+        return self._holds_for([inputs[n] for n in self.names if isinstance(inputs.get(n), torch.Tensor)])
+
+    def holds(self, match: Any) -> bool:
+        """Whether a match's tensor values satisfy it, as the graph's metadata shows them."""
+        if not self.enforced:
+            raise TypeError(f"restriction '{self.label}' cannot be read from a match (the graph does not know "
+                            f"values or layouts); it can only be declared as a domain.")
+        return self._holds_for([match[n] for n in self.names])
+
+    def guard(self) -> RestrictionGuard | None:
+        """The ``where=`` guard enforcing it, ``None`` when the graph cannot tell."""
+        return RestrictionGuard(self) if self.enforced else None
+
+    def python(self) -> str | None:
+        """The source of a ``where=`` lambda enforcing it, ``None`` when the graph cannot tell."""
+        return None
+
+    def dsl(self) -> str | None:
+        """The same condition as a ``.fxr`` ``where`` clause, ``None`` when the graph cannot tell."""
+        return None
+
+    def narrow(self, domain: dict[str, Any]) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    def _holds_for(self, values: Sequence[Any]) -> bool:
+        """The condition on the restricted values (tensors, or a match's views of them)."""
+        raise NotImplementedError
 
 
-def _tensors(inputs: Mapping[str, Any], names: Sequence[str]) -> list[torch.Tensor]:
-    return [inputs[n] for n in names if isinstance(inputs.get(n), torch.Tensor)]
+class RestrictionGuard:
+    """A restriction as a ``where=`` guard: ``guard(match) -> bool``, named by its ``.fxr`` text."""
+
+    def __init__(self, restriction: Restriction) -> None:
+        self.restriction = restriction
+        self.__name__ = self.__qualname__ = f"'where {restriction.dsl()}' (repair)"  # what reports name it by
+
+    def __call__(self, match: Any) -> bool:
+        return self.restriction.holds(match)
+
+    def __repr__(self) -> str:
+        return f"<guard {self.__qualname__}>"
 
 
 def _names_tuple(names: Sequence[str]) -> str:
     return "(" + ", ".join(f'"{n}"' for n in names) + ("," if len(names) == 1 else "") + ")"
 
 
-def _each(names: Sequence[str], template: str, joiner: str = " and ") -> str:
-    return joiner.join(template.format(n=n) for n in names)
+DtypeKind = Literal["not bool", "floating or bool", "floating"]
+#: Per kind of dtype restriction: its label, the dtypes it keeps, and the same as text (``{v}``: the value).
+_DTYPE_KINDS: Mapping[str, tuple[str, Any, str]] = {
+    "not bool": ("no bool tensors", lambda d: d != torch.bool, "{v}.dtype != torch.bool"),
+    "floating or bool": ("no integer tensors", lambda d: d.is_floating_point or d == torch.bool,
+                         "({v}.dtype.is_floating_point or {v}.dtype == torch.bool)"),
+    "floating": ("floating dtypes only", lambda d: d.is_floating_point, "{v}.dtype.is_floating_point"),
+}
 
 
-# -- the families --------------------------------------------------------------------------------
+@attrs.frozen
+class DtypeRestriction(Restriction):
+    """The arguments' dtypes: ``keep`` is which (not bool; floating or bool; floating)."""
 
+    keep: DtypeKind = "not bool"
+    family: ClassVar[str] = "dtype"
+    enforced: ClassVar[bool] = True
 
-def _dtype_restriction(label: str, keep: Callable[[torch.dtype], bool], test: str, dsl: str,
-                       names: Sequence[str]) -> Restriction:
-    def narrow(domain: dict[str, Any]) -> dict[str, Any] | None:
+    @property
+    def label(self) -> str:
+        return _DTYPE_KINDS[self.keep][0]
+
+    def keeps(self, dtype: torch.dtype) -> bool:
+        return bool(_DTYPE_KINDS[self.keep][1](dtype))
+
+    def _holds_for(self, values: Sequence[Any]) -> bool:
+        return all(self.keeps(v.dtype) for v in values)
+
+    def python(self) -> str:
+        return f"lambda m: all({_DTYPE_KINDS[self.keep][2].format(v='m[n]')} for n in {_names_tuple(self.names)})"
+
+    def dsl(self) -> str:
+        return " and ".join(_DTYPE_KINDS[self.keep][2].format(v=n) for n in self.names)
+
+    def narrow(self, domain: dict[str, Any]) -> dict[str, Any] | None:
         declared = domain.get("dtypes", DEFAULT_DTYPES)
-        dtypes = tuple(d for d in ((declared,) if isinstance(declared, torch.dtype) else declared) if keep(d))
+        dtypes = tuple(d for d in ((declared,) if isinstance(declared, torch.dtype) else declared) if self.keeps(d))
         return {**domain, "dtypes": dtypes} if dtypes else None
 
-    return Restriction(
-        "dtype", label, lambda inputs, names: all(keep(t.dtype) for t in _tensors(inputs, names)), narrow,
-        guard=f"lambda m: all({test.format(v='m[n]')} for n in {_names_tuple(names)})",
-        dsl=_each(names, dsl),
-    )
+
+@attrs.frozen
+class ShapeRestriction(Restriction):
+    """All the arguments of one shape (no broadcasting between them)."""
+
+    family: ClassVar[str] = "shape"
+    enforced: ClassVar[bool] = True
+
+    @property
+    def label(self) -> str:
+        return "all tensor arguments of one shape (no broadcasting)"
+
+    def _holds_for(self, values: Sequence[Any]) -> bool:
+        return len({tuple(v.shape) for v in values}) <= 1
+
+    def python(self) -> str:
+        return f"lambda m: len({{tuple(m[n].shape) for n in {_names_tuple(self.names)}}}) == 1"
+
+    def dsl(self) -> str:
+        return " and ".join(f"{a}.shape == {b}.shape" for a, b in itertools.pairwise(self.names))
+
+    def narrow(self, domain: dict[str, Any]) -> dict[str, Any] | None:
+        return {**domain, "shapes": "equal"}
 
 
-def _dtype_family(names: Sequence[str]) -> list[Restriction]:
-    return [
-        _dtype_restriction("no bool tensors", lambda d: d != torch.bool, "{v}.dtype != torch.bool",
-                           "{n}.dtype != torch.bool", names),
-        _dtype_restriction("no integer tensors", lambda d: d.is_floating_point or d == torch.bool,
-                           "({v}.dtype.is_floating_point or {v}.dtype == torch.bool)",
-                           "({n}.dtype.is_floating_point or {n}.dtype == torch.bool)", names),
-        _dtype_restriction("floating dtypes only", lambda d: d.is_floating_point, "{v}.dtype.is_floating_point",
-                           "{n}.dtype.is_floating_point", names),
-    ]
+@attrs.frozen
+class RankRestriction(Restriction):
+    """Every argument with at least ``at_least`` dimensions."""
 
+    at_least: int = 1
+    family: ClassVar[str] = "rank"
+    enforced: ClassVar[bool] = True
 
-def _shape_family(names: Sequence[str]) -> list[Restriction]:
-    if len(names) < 2:
-        return []
-    return [Restriction(
-        "shape", "all tensor arguments of one shape (no broadcasting)",
-        lambda inputs, names: len({tuple(t.shape) for t in _tensors(inputs, names)}) <= 1,
-        lambda domain: {**domain, "shapes": "equal"},
-        guard=f"lambda m: len({{tuple(m[n].shape) for n in {_names_tuple(names)}}}) == 1",
-        dsl=" and ".join(f"{a}.shape == {b}.shape" for a, b in itertools.pairwise(names)),
-    )]
+    @property
+    def label(self) -> str:
+        return f"at least {self.at_least} dimension{'s' if self.at_least > 1 else ''}"
 
+    def _holds_for(self, values: Sequence[Any]) -> bool:
+        return all(v.dim() >= self.at_least for v in values)
 
-def _rank_restriction(k: int, names: Sequence[str]) -> Restriction:
-    def narrow(domain: dict[str, Any]) -> dict[str, Any] | None:
+    def python(self) -> str:
+        return f"lambda m: all(m[n].dim() >= {self.at_least} for n in {_names_tuple(self.names)})"
+
+    def dsl(self) -> str:
+        return " and ".join(f"{n}.dim() >= {self.at_least}" for n in self.names)
+
+    def narrow(self, domain: dict[str, Any]) -> dict[str, Any] | None:
         low, high = domain.get("ranks", (0, 4))
-        return {**domain, "ranks": (max(low, k), high)} if max(low, k) <= high else None
-
-    return Restriction(
-        "rank", f"at least {k} dimension{'s' if k > 1 else ''}",
-        lambda inputs, names: all(t.dim() >= k for t in _tensors(inputs, names)), narrow,
-        guard=f"lambda m: all(m[n].dim() >= {k} for n in {_names_tuple(names)})",
-        dsl=_each(names, f"{{n}}.dim() >= {k}"),
-    )
+        return {**domain, "ranks": (max(low, self.at_least), high)} if max(low, self.at_least) <= high else None
 
 
-def _layout_family(names: Sequence[str]) -> list[Restriction]:
-    return [Restriction(
-        "layout", "contiguous inputs",
-        lambda inputs, names: all(t.is_contiguous() for t in _tensors(inputs, names)),
-        lambda domain: {**domain, "non_contiguous": False},
-    )]
+@attrs.frozen
+class LayoutRestriction(Restriction):
+    """Contiguous arguments (a domain declaration: the graph does not know layouts)."""
+
+    family: ClassVar[str] = "layout"
+
+    @property
+    def label(self) -> str:
+        return "contiguous inputs"
+
+    def _holds_for(self, values: Sequence[Any]) -> bool:
+        return all(v.is_contiguous() for v in values)
+
+    def narrow(self, domain: dict[str, Any]) -> dict[str, Any] | None:
+        return {**domain, "non_contiguous": False}
+
+
+#: The smallest positive normal float32: the lower bound of ``x > 0``.
+_TINY = torch.finfo(torch.float32).tiny
+
+
+@attrs.frozen
+class ValueRestriction(Restriction):
+    """The arguments' values (a domain declaration: the graph does not know values): ``sign``
+    (any, ``x >= 0``, ``x > 0``), ``bound`` (``|x| <= bound``, or ``x <= bound`` with a sign;
+    ``None``: unbounded) and ``finite`` (no nan or inf). The bounds apply to finite values."""
+
+    sign: Literal["any", "non-negative", "positive"] = "any"
+    bound: float | None = None
+    finite: bool = False
+    family: ClassVar[str] = "values"
+
+    @property
+    def low(self) -> float | None:
+        if self.sign == "any":
+            return None if self.bound is None else -self.bound
+        return 0.0 if self.sign == "non-negative" else _TINY
+
+    @property
+    def high(self) -> float | None:
+        return self.bound
+
+    @property
+    def label(self) -> str:
+        if self.sign == "any" and self.bound is None:
+            return "finite values (no nan or inf)" if self.finite else "any values"
+        if self.sign == "any":
+            text = f"|x| <= {self.bound:g}"
+        elif self.bound is None:
+            text = "x >= 0" if self.sign == "non-negative" else "x > 0"
+        else:
+            text = f"{'0 <= x' if self.sign == 'non-negative' else '0 < x'} <= {self.bound:g}"
+        return f"finite, {text}" if self.finite else text
+
+    def _holds_for(self, values: Sequence[Any]) -> bool:
+        low = -math.inf if self.low is None else self.low
+        high = math.inf if self.high is None else self.high
+        return all(_within(t, low, high) and (not self.finite or _finite(t)) for t in values)
+
+    def narrow(self, domain: dict[str, Any]) -> dict[str, Any] | None:
+        out = dict(domain)
+        if self.low is not None:
+            out["min_value"] = self.low if domain.get("min_value") is None else max(self.low, domain["min_value"])
+        if self.high is not None:
+            out["max_value"] = self.high if domain.get("max_value") is None else min(self.high, domain["max_value"])
+        if self.finite:
+            out["special_values"] = False
+        low, high = out.get("min_value"), out.get("max_value")
+        return None if low is not None and high is not None and low > high else out
 
 
 def _finite(t: torch.Tensor) -> bool:
@@ -155,51 +319,25 @@ def _within(t: torch.Tensor, low: float, high: float) -> bool:
     return bool(((finite >= low) & (finite <= high)).all())
 
 
-def _value_restriction(label: str, low: float | None, high: float | None, finite: bool) -> Restriction:
-    lo = -math.inf if low is None else low
-    hi = math.inf if high is None else high
-
-    def admits(inputs: Mapping[str, Any], names: Sequence[str]) -> bool:
-        return all(_within(t, lo, hi) and (not finite or _finite(t)) for t in _tensors(inputs, names))
-
-    def narrow(domain: dict[str, Any]) -> dict[str, Any] | None:
-        out = dict(domain)
-        if low is not None:
-            out["min_value"] = low if domain.get("min_value") is None else max(low, domain["min_value"])
-        if high is not None:
-            out["max_value"] = high if domain.get("max_value") is None else min(high, domain["max_value"])
-        if finite:
-            out["special_values"] = False
-        low_, high_ = out.get("min_value"), out.get("max_value")
-        return None if low_ is not None and high_ is not None and low_ > high_ else out
-
-    return Restriction("values", label, admits, narrow)
-
-
-def _value_family() -> list[Restriction]:
-    out = [_value_restriction("finite values (no nan or inf)", None, None, True)]
+def _value_family(names: tuple[str, ...]) -> list[Restriction]:
+    out: list[Restriction] = [ValueRestriction(names, finite=True)]
     for bound in VALUE_BOUNDS:
-        out.append(_value_restriction(f"|x| <= {bound:g}", -bound, bound, False))
-        out.append(_value_restriction(f"finite, |x| <= {bound:g}", -bound, bound, True))
-    out.append(_value_restriction("x >= 0", 0.0, None, False))
-    out.append(_value_restriction("finite, x >= 0", 0.0, None, True))
-    tiny = torch.finfo(torch.float32).tiny
-    out.append(_value_restriction("x > 0", tiny, None, False))
-    out.append(_value_restriction("finite, x > 0", tiny, None, True))
-    for bound in VALUE_BOUNDS:
-        out.append(_value_restriction(f"finite, 0 < x <= {bound:g}", tiny, bound, True))
+        out += [ValueRestriction(names, bound=bound), ValueRestriction(names, bound=bound, finite=True)]
+    for sign in ("non-negative", "positive"):
+        out += [ValueRestriction(names, sign=sign), ValueRestriction(names, sign=sign, finite=True)]
+    out += [ValueRestriction(names, sign="positive", bound=bound, finite=True) for bound in VALUE_BOUNDS]
     return out
 
 
 def restrictions_for(rule: Rule) -> dict[str, list[Restriction]]:
     """The lattice for ``rule``: per family, its restrictions from weakest to strongest."""
-    names = [p.name for p in rule.compiled.params if p.kind == "tensor"]
-    families = {
-        "dtype": _dtype_family(names),
-        "shape": _shape_family(names),
-        "rank": [_rank_restriction(k, names) for k in (1, 2)],
-        "layout": _layout_family(names),
-        "values": _value_family(),
+    names = tuple(p.name for p in rule.compiled.params if p.kind == "tensor")
+    families: dict[str, list[Restriction]] = {
+        "dtype": [DtypeRestriction(names, keep) for keep in ("not bool", "floating or bool", "floating")],
+        "shape": [ShapeRestriction(names)] if len(names) >= 2 else [],
+        "rank": [RankRestriction(names, k) for k in (1, 2)],
+        "layout": [LayoutRestriction(names)],
+        "values": _value_family(names),
     }
     return {family: chain for family, chain in families.items() if chain}
 
@@ -214,7 +352,7 @@ def candidates(rule: Rule, max_families: int = 3) -> Iterator[tuple[Restriction,
         for families in itertools.combinations(order, count):
             for positions in itertools.product(*(range(len(lattice[f])) for f in families)):
                 chosen = tuple(lattice[f][i] for f, i in zip(families, positions))
-                untestable_only = sum(r.guard is None for r in chosen)
+                untestable_only = sum(not r.enforced for r in chosen)
                 combos.append(((count, sum(positions) + untestable_only, untestable_only), chosen))
     combos.sort(key=lambda c: c[0])
     return (chosen for _, chosen in combos)
@@ -239,18 +377,18 @@ class Repair:
     @property
     def enforced(self) -> bool:
         """True when every restriction is a guard (checked at rewrite time)."""
-        return all(r.guard is not None for r in self.restrictions)
+        return all(r.enforced for r in self.restrictions)
 
     def code(self) -> str:
         """The ``where=`` and ``domain=`` arguments to paste into the rule's definition."""
         lines = []
-        guards = [r.guard for r in self.restrictions if r.guard is not None]
+        guards = [text for text in (r.python() for r in self.restrictions) if text is not None]
         own = "  # in addition to the rule's own guards" if len(self.rule.where) > len(guards) else ""
         if len(guards) == 1:
             lines.append(f"where={guards[0]},{own}")
         elif guards:
             lines.append("where=(" + ", ".join(guards) + f"),{own}")
-        if any(r.guard is None for r in self.restrictions):
+        if not self.enforced:
             shown = {k: v for k, v in self.domain.items() if k in _PRINTABLE_DOMAIN_KEYS}
             rest = "  # and the rule's other domain keys" if len(shown) < len(self.domain) else ""
             lines.append(f"domain={_show_domain(shown)},{rest}")
@@ -261,7 +399,7 @@ class Repair:
         the declarations (it replaces the rule's own ``domain`` line: a setting may be declared
         once)."""
         lines = []
-        conditions = [r.dsl for r in self.restrictions if r.dsl]
+        conditions = [text for text in (r.dsl() for r in self.restrictions) if text]
         if conditions:
             lines.append("where " + " and ".join(conditions))
         if not self.enforced:
@@ -287,31 +425,60 @@ def _show_value(value: Any) -> str:
     return repr(value)
 
 
+def repair_report(fixed: Repair | None) -> str:
+    """The report's ``repair:`` lines: the restricted rule as code to paste (and as a ``.fxr``
+    ``where`` line when guards alone restrict it), or that none was found."""
+    if fixed is None:
+        return ("  repair:      none found: no restriction of dtypes, shapes, rank, layout or values tried makes "
+                "the rule sound; fix the replacement.")
+    if fixed.enforced:
+        how = "enforced at rewrite time by a guard on the graph's metadata"
+    elif any(r.enforced for r in fixed.restrictions):
+        how = ("the guard is enforced at rewrite time, the domain only the checker sees: make sure other "
+               "inputs cannot occur")
+    else:
+        how = "declared as a domain, which only the checker sees: make sure other inputs cannot occur"
+    lines = [f"  repair:      restricted to {fixed.label}, the checker finds no counterexample in "
+             f"{fixed.examples} examples ({how}):",
+             *(f"                 {line}" for line in fixed.code().splitlines())]
+    first, *more = fixed.dsl().splitlines()
+    lines.append(f"               or, in a .fxr file:  {first}")
+    lines += [f"                                    {line}" for line in more]
+    return "\n".join(lines)
+
+
+# -- the search ----------------------------------------------------------------------------------
+
+
+class Checker(Protocol):
+    """What checks a candidate: :func:`fxrewrite.testing.check_rule`."""
+
+    def __call__(self, rule: Rule, *, max_examples: int, seed: int | None, repair: bool) -> CheckResult: ...
+
+
 def _restricted(rule: Rule, chosen: Sequence[Restriction]) -> tuple[Rule, dict[str, Any]] | None:
     domain: dict[str, Any] | None = dict(rule.domain or {})
     for restriction in chosen:
         domain = restriction.narrow(domain) if domain is not None else None
     if domain is None:
         return None
-    guards = tuple(eval(r.guard, {"torch": torch}) for r in chosen if r.guard is not None)  # our own text
+    guards = tuple(guard for guard in (r.guard() for r in chosen) if guard is not None)
     return attrs.evolve(rule, where=(*rule.where, *guards), domain=domain), domain
 
 
-def repair_rule(rule: Rule, counterexamples: Sequence[Mapping[str, Any]], *, seed: int | None = None,
-                examples: int = CANDIDATE_EXAMPLES, verify_examples: int = VERIFY_EXAMPLES,
+def repair_rule(rule: Rule, counterexamples: Sequence[Mapping[str, Any]], *, check: Checker,
+                seed: int | None = None, examples: int = CANDIDATE_EXAMPLES, verify_examples: int = VERIFY_EXAMPLES,
                 max_searches: int = MAX_SEARCHES) -> Repair | None:
-    """The weakest restriction of ``rule`` under which the checker finds no counterexample, as
-    a :class:`Repair`; ``None`` when no candidate in the lattice passes within
-    ``max_searches`` searches. ``counterexamples`` are inputs already known to break the rule
-    (candidates admitting one of them are skipped without a search)."""
-    from .equivalence import check_rule
-
+    """The weakest restriction of ``rule`` under which ``check`` (the checker,
+    :func:`~fxrewrite.testing.check_rule`) finds no counterexample, as a :class:`Repair`;
+    ``None`` when no candidate in the lattice passes within ``max_searches`` searches.
+    ``counterexamples`` are inputs already known to break the rule (candidates admitting one of
+    them are skipped without a search)."""
     known = [dict(c) for c in counterexamples]
-    names = [p.name for p in rule.compiled.params if p.kind == "tensor"]
     searches = 0
     verify_seed = 1 if seed is None else seed + 1
     for chosen in candidates(rule):
-        if any(all(r.admits(c, names) for r in chosen) for c in known):
+        if any(all(r.admits(c) for r in chosen) for c in known):
             continue
         restricted = _restricted(rule, chosen)
         if restricted is None:
@@ -321,9 +488,9 @@ def repair_rule(rule: Rule, counterexamples: Sequence[Mapping[str, Any]], *, see
         searches += 1
         candidate, domain = restricted
         try:
-            result = check_rule(candidate, max_examples=examples, seed=seed, repair=False)
+            result = check(candidate, max_examples=examples, seed=seed, repair=False)
             if result.ok:
-                result = check_rule(candidate, max_examples=verify_examples, seed=verify_seed, repair=False)
+                result = check(candidate, max_examples=verify_examples, seed=verify_seed, repair=False)
                 if result.ok:
                     return Repair(candidate, tuple(chosen), result.examples_run, domain)
         except Exception as exc:  # e.g. the narrowed domain contradicts a per-input one: no values left
