@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -45,17 +45,20 @@ from torch.fx.node import Node
 
 from .errors import ArgumentError, RewriteError
 from .report import RewriteResult
-from .rule import RuleSet
+from .target import to_graph_module
 
 __all__ = ["rebuild_program", "rewrite_program"]
 
 
-def rewrite_program(program: ExportedProgram, ruleset: RuleSet, *, inplace: bool = False,
-                    example_inputs: Sequence[Any] | None = None, **options: Any) -> RewriteResult:
-    """Rewrite ``program``'s lifted graph with ``ruleset``; the result's ``exported_program`` is
-    the rewritten program and its ``module`` is ``exported_program.module()``.
+def rewrite_program(program: ExportedProgram, run: Callable[[fx.GraphModule], RewriteResult], *,
+                    inplace: bool = False, example_inputs: Sequence[Any] | None = None) -> RewriteResult:
+    """Rewrite ``program``'s lifted graph with ``run``; the result's ``exported_program`` is the
+    rewritten program and its ``module`` is ``exported_program.module()``.
 
-    ``options`` are :func:`fxrewrite.rewrite`'s ``max_rewrites``, ``debug`` and ``on_progress``.
+    ``run(gm)`` rewrites a copy of the lifted graph (never the program's own) and returns the
+    :class:`~fxrewrite.report.RewriteResult` of a ``GraphModule``: :func:`fxrewrite.rewrite` hands
+    over its drive with the rules and options bound, so this module needs nothing of the front door.
+    ``inplace`` and ``example_inputs`` are the caller's, refused here with what to do instead.
     """
     if inplace:
         raise ArgumentError(
@@ -67,13 +70,10 @@ def rewrite_program(program: ExportedProgram, ruleset: RuleSet, *, inplace: bool
             "example_inputs= is not needed for an ExportedProgram: every node of its graph already carries "
             "its shape and dtype (meta['val']). Drop example_inputs=."
         )
-    from .rewrite import rewrite
-    from .target import to_graph_module
-
     lifted = to_graph_module(program.graph_module)  # a copy: the program is never modified
     _lend_scalar_constants(lifted, program)
     pinned = _pin_boundaries(lifted, program)
-    result = rewrite(lifted, ruleset, **options)
+    result = run(lifted)
     renamed = _unpin_boundaries(result.module, pinned)
     rebuilt = rebuild_program(program, result.module, renamed=renamed)
     return RewriteResult(rebuilt.module(), result.report, exported_program=rebuilt)

@@ -20,7 +20,7 @@ import dis
 import inspect
 import re
 import threading
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -36,7 +36,7 @@ from .match import Match, node_position
 from .meta import has_values, propagate_values
 from .rule import Rule
 
-__all__ = ["Splicer", "insertion_point", "placement_refusal"]
+__all__ = ["Change", "Splicer", "insertion_point", "placement_refusal"]
 
 
 #: Node metadata saying where in the module tree a node comes from; new nodes take the anchor's.
@@ -257,13 +257,16 @@ def _contains_proxy(values: Any) -> bool:
 
 class _ModuleCalls:
     """Records ``nn.Module`` calls on Proxies as ``call_module`` nodes, for the threads that are
-    splicing, and only for them.
+    calling a replacement, and only for them.
 
     Like torch.fx's Tracer, this has to replace ``nn.Module.__call__`` (a module's ``forward``
-    must not be traced through). The replacement is installed when the first rewrite in the
-    process starts and restored when the last one ends (under a lock, counting users); which
-    tracer records is per thread, so concurrent rewrites of different models, and forwards run by
-    other threads meanwhile, each see the right behaviour.
+    must not be traced through). The replacement is installed only while a replacement function
+    runs (:meth:`calling`): when the first such call in the process starts, and restored when the
+    last one ends (under a lock, counting users), in a ``finally``; between two replacements of a
+    rewrite (while guards run, while the graph is matched) ``nn.Module.__call__`` is torch's own.
+    Which tracer records is per thread, so concurrent rewrites of different models, and forwards
+    run by other threads meanwhile, each see the right behaviour; a replacement that itself calls
+    ``rewrite`` nests (the outer tracer is put back when the inner call ends).
     """
 
     _lock = threading.Lock()
@@ -272,7 +275,9 @@ class _ModuleCalls:
     _local = threading.local()
 
     @classmethod
-    def enter(cls, tracer: _ReplacementTracer) -> Any:
+    @contextlib.contextmanager
+    def calling(cls, tracer: _ReplacementTracer) -> Iterator[None]:
+        """While the block runs, module calls on Proxies in this thread record into ``tracer``."""
         with cls._lock:
             if cls._users == 0:
                 cls._original = torch.nn.Module.__call__
@@ -280,15 +285,14 @@ class _ModuleCalls:
             cls._users += 1
         previous = getattr(cls._local, "tracer", None)
         cls._local.tracer = tracer
-        return previous
-
-    @classmethod
-    def exit(cls, previous: Any) -> None:
-        cls._local.tracer = previous
-        with cls._lock:
-            cls._users -= 1
-            if cls._users == 0 and torch.nn.Module.__call__ is _module_call:
-                torch.nn.Module.__call__ = cls._original  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            cls._local.tracer = previous
+            with cls._lock:
+                cls._users -= 1
+                if cls._users == 0 and torch.nn.Module.__call__ is _module_call:
+                    torch.nn.Module.__call__ = cls._original  # type: ignore[method-assign]
 
     @classmethod
     def active_tracer(cls) -> _ReplacementTracer | None:
@@ -378,30 +382,50 @@ class _Template:
 _UNKNOWN = object()  # a node the replacement read that is neither bound nor its own: never replayed
 
 
-class Splicer:
-    """Splices replacements into one GraphModule; use it as a context manager around a
-    ``rewrite`` call.
+@attrs.frozen(eq=False)
+class Change:
+    """What one splice did to the graph: the event :class:`Splicer` sends its listeners once the
+    graph is consistent again (uses rewired, matched nodes erased). The driver refills its
+    worklist from it (see :mod:`fxrewrite.driver`)."""
 
-    While active, calling any ``nn.Module`` on Proxies in this thread records a ``call_module``
-    node instead of tracing through its ``forward`` (see :class:`_ModuleCalls`).
+    #: The nodes the replacement created, in the order it created them.
+    created: tuple[Node, ...]
+    #: The matched nodes, erased now.
+    erased: tuple[Node, ...]
+    #: Per pattern output, in the pattern's order: the matched node, and the node that stands for
+    #: it now (one of ``created``, or a value the match read when the replacement returns it).
+    replaced: tuple[tuple[Node, Node], ...]
+    #: The graph values the match read (its bound nodes): each lost the matched nodes as users.
+    inputs: tuple[Node, ...]
+
+
+class Splicer:
+    """Splices replacements into one GraphModule and tells its listeners (:meth:`listen`) what
+    each splice changed (:class:`Change`).
+
+    While a replacement function runs, calling any ``nn.Module`` on Proxies in this thread
+    records a ``call_module`` node instead of tracing through its ``forward`` (see
+    :class:`_ModuleCalls`). Using a splicer as a context manager is allowed and does nothing
+    more (it used to install that for its whole life).
     """
 
     def __init__(self, gm: fx.GraphModule, modules: dict[str, torch.nn.Module]) -> None:
         self.gm = gm
         self.tracer = _ReplacementTracer(gm, modules)
-        self._previous: Any = None
-        #: The nodes standing for the pattern's outputs after the last splice.
-        self.last_outputs: list[Node] = []
+        self._listeners: list[Callable[[Change], object]] = []
         #: Per template key: the template of the first call, then (once a second call recorded the
         #: same) the confirmed template, or None when the replacement cannot be replayed.
         self._templates: dict[Hashable, tuple[_Template | None, bool]] = {}
 
     def __enter__(self) -> Splicer:
-        self._previous = _ModuleCalls.enter(self.tracer)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        _ModuleCalls.exit(self._previous)
+        return None
+
+    def listen(self, listener: Callable[[Change], object]) -> None:
+        """Call ``listener(change)`` after every successful splice, in the order listeners were added."""
+        self._listeners.append(listener)
 
     def splice(self, match: Match, rule: Rule) -> list[Node]:
         """Replace ``match`` by ``rule.replacement``; returns the nodes created.
@@ -425,16 +449,7 @@ class Splicer:
             with self.gm.graph.inserting_before(point):
                 template = known[0] if known is not None and known[1] else None
                 replayed = template is not None
-                if template is not None:
-                    new_outputs = template.replay(match, tracer)
-                else:
-                    with guard if guard is not None else contextlib.nullcontext():
-                        result = rule.replacement(**_arguments(match, tracer))
-                    if guard is not None:
-                        guard.check()
-                        _refuse_shared_modules(match, rule, tracer)
-                    new_outputs = _output_nodes(result, match, rule, tracer)
-                    _refuse_input_mutation(match, rule, tracer.created)
+                new_outputs = template.replay(match, tracer) if template is not None else self._call(match, rule, guard)
             if annotated:
                 propagate_values(self.gm, tracer.created)
             if not replayed:  # what a replay builds passed these checks when it was recorded
@@ -458,8 +473,30 @@ class Splicer:
             self._learn(key, known, match, tracer, new_outputs)
         _rewire(match, new_outputs)
         _erase(self.gm.graph, match)
-        self.last_outputs = new_outputs
+        if self._listeners:
+            self._notify(match, tracer.created, new_outputs)
         return tracer.created
+
+    def _call(self, match: Match, rule: Rule, guard: _CapturedModules | None) -> list[Node]:
+        """Call the replacement on Proxies, recording its module calls (``nn.Module.__call__`` is
+        replaced for this call only) and guarding the modules the match captured; the nodes that
+        stand for the pattern's outputs."""
+        tracer = self.tracer
+        with guard if guard is not None else contextlib.nullcontext(), _ModuleCalls.calling(tracer):
+            result = rule.replacement(**_arguments(match, tracer))
+        if guard is not None:
+            guard.check()
+            _refuse_shared_modules(match, rule, tracer)
+        new_outputs = _output_nodes(result, match, rule, tracer)
+        _refuse_input_mutation(match, rule, tracer.created)
+        return new_outputs
+
+    def _notify(self, match: Match, created: list[Node], new_outputs: list[Node]) -> None:
+        """Send the listeners the :class:`Change` a splice made."""
+        change = Change(tuple(created), tuple(match.nodes), tuple(zip(match.outputs, new_outputs)),
+                        tuple(v for v in match.bindings.values() if isinstance(v, Node)))
+        for listener in self._listeners:
+            listener(change)
 
     def _learn(self, key: Hashable, known: tuple[_Template | None, bool] | None, match: Match,
                tracer: _ReplacementTracer, outputs: list[Node]) -> None:

@@ -1,12 +1,11 @@
-"""``rewrite``: apply a rule set to a program until nothing matches.
+"""``rewrite``: the front door. Apply a rule set to a program until nothing matches.
 
-The driver keeps one worklist per priority level, each ordered by graph position and holding
-only nodes whose op key some rule of that level can match. It always serves the highest
-level that has work, so a high-priority rule wins over a lower one wherever both could fire.
-After each rewrite only the nodes the rewrite could have affected are queued again: the new
-nodes, and what lies downstream of the new nodes and of the inputs that lost a user, as far as
-the deepest pattern reaches. A budget turns a rule set that never settles into
-:class:`DidNotConverge`. The graph is linted and recompiled once, at the end.
+This module takes what users hand over and gives back what they expect: it checks the options,
+turns a module or function into a ``GraphModule`` (:mod:`fxrewrite.target`), sends an
+``ExportedProgram`` to :mod:`fxrewrite.exported` (which calls back into the drive given to
+it), runs the :class:`~fxrewrite.driver.Driver` to a fixed point, then lints, drops what nothing
+reads any more, recompiles once and returns the :class:`~fxrewrite.report.Report`. How the
+drive orders its work and why it stops is :mod:`fxrewrite.driver`'s docstring.
 
 >>> import torch
 >>> from fxrewrite import Rule, rewrite
@@ -24,50 +23,26 @@ the deepest pattern reaches. A budget turns a rule set that never settles into
 
 from __future__ import annotations
 
-import collections
-import heapq
-import itertools
-import logging
+import functools
 import os
 import time
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import attrs
 import torch
 import torch.fx as fx
-from torch.fx.node import Node
 
 from ._gc import collections_paused
-from ._torch import is_erased, tree_flatten, tree_leaves, tree_unflatten
-from .canon import alias_class, input_keys, mutation, node_keys, same_literal, writers_of
-from .errors import ArgumentError, DidNotConverge, FxRewriteError, Refuse, RewriteError
-from .index import OpIndex
-from .match import Match, match_at, node_position
+from .driver import Driver
+from .errors import ArgumentError, FxRewriteError, NotEquivalent, RewriteError
+from .exported import rewrite_program
 from .meta import propagate_inputs
-from .replace import Splicer, placement_refusal
-from .report import MAX_REASONS, Report, RewriteResult, RuleStats
-from .rule import Rule, RuleSet, RulesLike, as_ruleset
+from .report import Report, RewriteResult
+from .rule import RuleSet, RulesLike, as_ruleset
 from .target import to_graph_module
+from .verify import assert_equivalent
 
 __all__ = ["rewrite", "rewrite_graph"]
-
-logger = logging.getLogger(__name__)
-
-
-@attrs.define
-class _Tally:
-    attempts: int = 0
-    applied: int = 0
-    rejected: int = 0
-    seconds: float = 0.0
-    reasons: list[str] = attrs.Factory(list)
-
-    def freeze(self) -> RuleStats:
-        return RuleStats(self.attempts, self.applied, self.rejected, self.seconds, tuple(self.reasons))
-
-
-_PROGRESS_EVERY = 2048  # visits between two on_progress calls
 
 
 def rewrite(
@@ -114,11 +89,10 @@ def rewrite(
             return _checked_rewrite(target, ruleset, check_inputs, inplace=inplace, max_rewrites=max_rewrites,
                                     example_inputs=example_inputs, debug=debug, on_progress=on_progress)
         if isinstance(target, torch.export.ExportedProgram):  # rewrite the lifted graph, build a program again
-            from .exported import rewrite_program
-
-            return rewrite_program(target, ruleset, inplace=inplace, example_inputs=example_inputs,
-                                   max_rewrites=max_rewrites, debug=debug, on_progress=on_progress,
-                                   _stop_after=_stop_after)
+            run = functools.partial(_rewrite_module, ruleset=ruleset, inplace=False, max_rewrites=max_rewrites,
+                                    example_inputs=None, debug=debug, on_progress=on_progress,
+                                    stop_after=_stop_after)
+            return rewrite_program(target, run, inplace=inplace, example_inputs=example_inputs)
         return _rewrite_module(target, ruleset, inplace=inplace, max_rewrites=max_rewrites,
                                example_inputs=example_inputs, debug=debug, on_progress=on_progress,
                                stop_after=_stop_after)
@@ -132,8 +106,8 @@ def _rewrite_module(target: torch.nn.Module | Callable[..., Any], ruleset: RuleS
     if example_inputs is not None:
         propagate_inputs(gm, example_inputs)
     started = time.perf_counter()
-    driver = _Driver(gm, ruleset, budget=_budget(gm.graph, max_rewrites), debug=_debug(debug), on_progress=on_progress,
-                     stop_after=stop_after)
+    driver = Driver(gm, ruleset, budget=_budget(gm.graph, max_rewrites), debug=_debug(debug), on_progress=on_progress,
+                    stop_after=stop_after)
     try:
         driver.run()
     except FxRewriteError as exc:
@@ -159,7 +133,7 @@ def _debug(debug: bool | None) -> bool:
     return debug if debug is not None else os.environ.get("FXREWRITE_DEBUG", "") not in ("", "0")
 
 
-def _check_lint(graph: fx.Graph, driver: _Driver, *, how: str) -> None:
+def _check_lint(graph: fx.Graph, driver: Driver, *, how: str) -> None:
     """The rewritten graph lints, else a :class:`RewriteError` naming the rules applied and
     ``how`` to find the one after which it broke."""
     try:
@@ -171,7 +145,7 @@ def _check_lint(graph: fx.Graph, driver: _Driver, *, how: str) -> None:
         ) from exc
 
 
-def _recompile(gm: fx.GraphModule, driver: _Driver, *, inplace: bool) -> None:
+def _recompile(gm: fx.GraphModule, driver: Driver, *, inplace: bool) -> None:
     """Generate the rewritten module's code; a graph Python cannot be generated from is a
     :class:`RewriteError` naming the rules applied, never a raw error from code generation."""
     try:
@@ -222,9 +196,6 @@ def _checked_rewrite(target: Any, ruleset: RuleSet, check_inputs: Sequence[Any],
                      **options: Any) -> RewriteResult:
     """``rewrite`` followed by a comparison with the original on ``check_inputs``; on a
     difference, bisect the (deterministic) sequence of rewrites for the first culprit."""
-    from .errors import NotEquivalent
-    from .verify import assert_equivalent
-
     reference = to_graph_module(target)  # an untouched copy: inplace may change ``target``
     reference.recompile()  # a copy of a GraphModule is not compiled yet (rewrite() compiles its own result)
 
@@ -269,287 +240,6 @@ def _drop_dead_attributes(gm: fx.GraphModule, *, owned: bool) -> None:
             delattr(gm, name)
 
 
-def _output_values(graph: fx.Graph) -> tuple[Node, list[Any]]:
-    output = next(n for n in reversed(graph.nodes) if n.op == "output")
-    return output, tree_leaves(output.args)
-
-
-def _shares_an_input(value: Any) -> bool:
-    """True when a graph output may be (a view of) an input or an attribute of the module."""
-    if not isinstance(value, Node):
-        return False
-    members = alias_class(value)
-    return members is None or any(m.op in ("placeholder", "get_attr") for m in members)
-
-
-def _fresh_outputs(graph: fx.Graph) -> list[bool]:
-    """For each graph output: does it hold a tensor of its own (shares no storage with an input)?"""
-    return [not _shares_an_input(v) for v in _output_values(graph)[1]]
-
-
-def _keep_outputs_fresh(graph: fx.Graph, fresh: list[bool], *, aten: bool) -> None:
-    """Keep the outputs' aliasing contract: an output that was a new tensor stays one. After
-    ``neg(neg(x)) => x`` the module would return its input itself, and a caller writing into the
-    result would write into its input; such an output is cloned instead."""
-    output, values = _output_values(graph)
-    if len(values) != len(fresh):
-        return
-    stale = [was_fresh and _shares_an_input(v) for v, was_fresh in zip(values, fresh)]
-    if not any(stale):
-        return
-    clones: dict[Node, Node] = {}
-    for value, needs_clone in zip(values, stale):
-        if needs_clone and value not in clones:
-            with graph.inserting_before(output):
-                clone = (graph.call_function(torch.ops.aten.clone.default, (value,)) if aten
-                         else graph.call_method("clone", (value,)))
-            clone.meta.update({k: value.meta[k] for k in ("val", "tensor_meta") if k in value.meta})
-            clone.meta["stack_trace"] = "fxrewrite: the output was a new tensor before rewriting; it stays one\n"
-            clones[value] = clone
-    positions = iter(stale)
-    leaves, spec = tree_flatten(output.args)
-    output.args = tree_unflatten(
-        [clones[v] if next(positions) else v for v in leaves], spec)
-
-
-def _same_bindings(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    return a.keys() == b.keys() and all(
-        a[k] is b[k] or (not isinstance(a[k], Node) and same_literal(a[k], b[k])) for k in a)
-
-
-def _input_keys(node: Node) -> frozenset[Hashable]:
-    """The op keys of the nodes feeding ``node``, identities looked through (for the cheap
-    pre-check before matching: a pattern whose anchor reads an op ``node`` does not read cannot
-    match there)."""
-    return input_keys(node)
-
-
-def _no_writers(value: Node) -> tuple[Node, ...]:
-    """What writes into a value in a graph without in-place writes."""
-    return ()
-
-
-class _Driver:
-    """The worklist: one queue of graph nodes per priority level, served highest first."""
-
-    def __init__(self, gm: fx.GraphModule, ruleset: RuleSet, *, budget: int, debug: bool,
-                 on_progress: Callable[[int, int], None] | None = None, stop_after: int | None = None) -> None:
-        self.on_progress = on_progress
-        self.stop_after = stop_after
-        self._last: tuple[Rule, str] | None = None  # the last rewrite's rule and anchor name
-        self.gm = gm
-        self.graph = gm.graph
-        self.ruleset = ruleset
-        self.budget = budget
-        self.debug = debug
-        self.logging = logger.isEnabledFor(logging.DEBUG)
-        self.tallies = {r.name: _Tally() for r in ruleset}
-        self.rewrites = 0
-        self.recent: collections.deque[str] = collections.deque(maxlen=64)
-        self.levels = sorted({r.priority for r in ruleset}, reverse=True)
-        self.by_level: dict[int, dict[Hashable, list[Rule]]] = {p: {} for p in self.levels}
-        for r in ruleset:  # RuleSet order within a level
-            self.by_level[r.priority].setdefault(r.anchor_key, []).append(r)
-        self.reach = max((r.compiled.depth for r in ruleset), default=1)
-        self.largest = max((len(r.compiled.inner_nodes) for r in ruleset), default=1)
-        self.needs_modules = any(r.compiled.module_captures for r in ruleset)
-        self.modules: dict[str, torch.nn.Module] = dict(gm.named_modules()) if self.needs_modules else {}
-        self.splicer = Splicer(gm, self.modules)
-        self.mutation_cache: dict[Node, tuple[int, tuple[Node, ...] | None]] = {}
-        #: Does anything in the graph write in place? (Rewrites never add a write: replacements
-        #: writing into their inputs are refused.) Without writes, no match needs the alias walk.
-        self.graph_writes = any(mutation(n) is not None for n in self.graph.nodes)
-        self.settled: dict[str, set[Node]] = {}
-        self.seq = itertools.count()
-        self.queues: dict[int, list[tuple[Any, int, Node]]] = {}
-        self.queued: dict[int, set[Node]] = {}
-        self.index = OpIndex(self.graph)  # one pass; kept current by _apply
-        for p in self.levels:
-            nodes = [n for key in self.by_level[p] for n in self.index.nodes(key)]
-            self.queues[p] = [(node_position(n), next(self.seq), n) for n in nodes]
-            heapq.heapify(self.queues[p])
-            self.queued[p] = set(nodes)
-
-    def run(self) -> None:
-        fresh = _fresh_outputs(self.graph)
-        aten = any(isinstance(n.target, torch._ops.OpOverload) for n in self.graph.nodes)
-        with self.splicer:
-            self._drain()
-        if self.rewrites:
-            _keep_outputs_fresh(self.graph, fresh, aten=aten)
-
-    def _drain(self) -> None:
-        visits = 0
-        queues, levels, pop = self.queues, self.levels, heapq.heappop
-        while True:
-            for level in levels:
-                if queues[level]:
-                    break
-            else:
-                level = None
-            if self.stop_after is not None and self.rewrites >= self.stop_after:
-                level = None
-            if level is None:
-                if self.on_progress is not None:
-                    self.on_progress(self.rewrites, 0)
-                return
-            visits += 1
-            if self.on_progress is not None and visits % _PROGRESS_EVERY == 0:
-                self.on_progress(self.rewrites, sum(len(q) for q in queues.values()))
-            node = pop(queues[level])[2]
-            self.queued[level].discard(node)
-            if not is_erased(node):
-                self._visit(node, level)
-
-    def _visit(self, node: Node, level: int) -> None:
-        input_keys = None
-        for rule in self._rules_at(node, level):
-            if node in self.settled.get(rule.name, ()):
-                continue  # the rule produced this node from its own pattern: trying again would loop
-            tally = self.tallies[rule.name]
-            tally.attempts += 1
-            required = rule.compiled.anchor_input_keys
-            if required:
-                input_keys = _input_keys(node) if input_keys is None else input_keys
-                if not required <= input_keys:
-                    continue
-            refusal = None
-            for match in match_at(rule.compiled, node, self.gm, modules=self.modules, candidates=self._nodes_with_key):
-                refusal = None
-                if self.graph_writes or match.pattern.is_multi_output:  # else the anchor is the place
-                    refusal = placement_refusal(match, self._writers if self.graph_writes else _no_writers)
-                if refusal is None:
-                    refusal = rule.refusal(match)
-                if refusal is None:
-                    try:
-                        self._apply(rule, match, tally)
-                        return
-                    except Refuse as declined:  # the graph is as it was; record why and go on
-                        refusal = f"the replacement refused: {declined}"
-            if refusal is not None:  # every match at this node was refused (a guard, or the engine): count it once
-                tally.rejected += 1
-                if len(tally.reasons) < MAX_REASONS:
-                    tally.reasons.append(f"at '{node.name}': {refusal}")
-
-    def _rules_at(self, node: Node, level: int) -> Iterable[Rule]:
-        """The rules of ``level`` anchored at what ``node`` computes (under each of its keys)."""
-        rules = self.by_level[level]
-        keys = node_keys(node)
-        if len(keys) == 1:
-            return rules.get(keys[0], ())
-        return [r for key in keys for r in rules.get(key, ())]
-
-    def _writers(self, value: Node) -> tuple[Node, ...] | None:
-        """:func:`~fxrewrite.canon.writers_of`, cached per node with its user count: a node that only
-        lost users keeps its answer (a rewrite never adds an in-place write: replacements writing
-        into inputs are refused, and matches whose outputs are written are never applied), so a
-        widely used input is scanned once, not once per rewrite."""
-        cached = self.mutation_cache.get(value)
-        if cached is None or len(value.users) > cached[0]:
-            cached = self.mutation_cache[value] = (len(value.users), writers_of(value))
-        return cached[1]
-
-    @property
-    def last_rewrite(self) -> str | None:
-        """The last rewrite applied (formatted only when asked: the bisection of ``check_inputs``
-        reads it once, the drive sets it at every rewrite)."""
-        if self._last is None:
-            return None
-        rule, anchor = self._last
-        return f"rule '{rule.name}' ({rule.origin}) at graph node '{anchor}'"
-
-    def report(self, seconds: float) -> Report:
-        """What this drive did, rule by rule, as a :class:`Report`."""
-        return Report({r.name: self.tallies[r.name].freeze() for r in self.ruleset}, self.rewrites, seconds,
-                      self.last_rewrite)
-
-    def applied_rules(self) -> str:
-        return ", ".join(f"{name} ({t.applied}x)" for name, t in self.tallies.items() if t.applied) or "none"
-
-    def _nodes_with_key(self, key: Hashable) -> list[Node]:
-        """Candidates for patterns whose outputs share no node, from the op index (no scan of
-        the graph per anchor candidate)."""
-        return self.index.nodes(key)
-
-    def _apply(self, rule: Rule, match: Match, tally: _Tally) -> None:
-        if self.rewrites >= self.budget:
-            raise self._did_not_converge()
-        inputs = [v for v in match.bindings.values() if isinstance(v, Node)]
-        self._last = (rule, match.anchor.name)
-        started = time.perf_counter()
-        created = self.splicer.splice(match, rule)
-        self.index.add(created)
-        new_anchor = self.splicer.last_outputs[match.outputs.index(match.anchor)]
-        if self._reproduces(rule, match, new_anchor):
-            self.settled.setdefault(rule.name, set()).add(new_anchor)
-        tally.seconds += time.perf_counter() - started
-        tally.applied += 1
-        self.rewrites += 1
-        self.recent.append(rule.name)
-        if self.logging:
-            logger.debug("rule %s rewrote %s into %d node(s)", rule.name, match.anchor, len(created))
-        if self.debug:
-            self._lint_after(rule)
-        self._requeue(created, inputs)
-
-    def _reproduces(self, rule: Rule, match: Match, new_anchor: Node) -> bool:
-        """True when the rewrite's result is, canonically, the subgraph it replaced (the rule's
-        pattern matches it again with the same bindings: ``F.relu(x, inplace=False) =>
-        torch.relu(x)``, ``x + y => y + x``): the rule is not tried there again, so such a rule
-        fires once per place instead of looping until the budget runs out."""
-        if rule.anchor_key not in node_keys(new_anchor):
-            return False
-        return any(_same_bindings(again.bindings, match.bindings)
-                   for again in match_at(rule.compiled, new_anchor, self.gm, modules=self.modules,
-                                         candidates=self._nodes_with_key))
-
-    def _requeue(self, created: list[Node], inputs: Iterable[Node]) -> None:
-        """Queue what the rewrite may have made matchable: the new nodes, and what lies
-        downstream of them and of the inputs that lost a user (such an input may now be an inner
-        node of a match, but only if it has no more users than the largest pattern has nodes)."""
-        lost_a_user = [n for n in inputs if not is_erased(n) and len(n.users) <= self.largest]
-        frontier = [n for n in (*created, *lost_a_user) if not is_erased(n)]
-        seen = set(frontier)
-        for n in created:
-            if not is_erased(n):
-                self._push(n)
-        for _ in range(self.reach):
-            next_frontier = []
-            for n in frontier:
-                for user in n.users:
-                    if user not in seen:
-                        seen.add(user)
-                        next_frontier.append(user)
-                        self._push(user)
-            frontier = next_frontier
-
-    def _push(self, node: Node) -> None:
-        keys = node_keys(node)
-        for p in self.levels:
-            if node not in self.queued[p] and any(key in self.by_level[p] for key in keys):
-                self.queued[p].add(node)
-                heapq.heappush(self.queues[p], (node_position(node), next(self.seq), node))
-
-    def _lint_after(self, rule: Rule) -> None:
-        try:
-            self.graph.lint()
-        except Exception as exc:
-            raise RewriteError(
-                f"debug check: the graph fails lint after rule '{rule.name}' ({rule.origin}) was applied: {exc}"
-            ) from exc
-
-    def _did_not_converge(self) -> DidNotConverge:
-        counts = collections.Counter(self.recent).most_common()
-        firing = ", ".join(f"'{name}' ({k}x)" for name, k in counts)
-        origins = "; ".join(f"{name} at {self.ruleset[name].origin}" for name, _ in counts)
-        return DidNotConverge(
-            f"the rewrite did not reach a fixed point within {self.budget} rewrites; the last "
-            f"{len(self.recent)} rewrites were by {firing}. Rules that undo each other (a rule and its "
-            f"inverse) never settle: remove one, or add a where= guard. ({origins}). Raise max_rewrites "
-            f"if the graph really needs more rewrites."
-        )
-
-
 def rewrite_graph(graph: fx.Graph, rules: RulesLike, *, max_rewrites: int | None = None) -> Report:
     """Rewrite a bare ``torch.fx.Graph`` in place with ``rules`` to a fixed point; return the
     :class:`Report`.
@@ -576,7 +266,7 @@ def rewrite_graph(graph: fx.Graph, rules: RulesLike, *, max_rewrites: int | None
     owner = graph.owning_module
     gm = owner if isinstance(owner, fx.GraphModule) else fx.GraphModule(owner or torch.nn.Module(), graph)
     started = time.perf_counter()
-    driver = _Driver(gm, ruleset, budget=_budget(graph, max_rewrites), debug=_debug(None))
+    driver = Driver(gm, ruleset, budget=_budget(graph, max_rewrites), debug=_debug(None))
     with collections_paused():
         driver.run()
         if driver.rewrites:

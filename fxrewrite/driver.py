@@ -1,0 +1,410 @@
+"""The driver: apply a rule set to one graph until nothing matches, within a budget.
+
+Three pieces, each a class of its own (as xDSL's rewriter, its listener and its walker are):
+
+* the **splicer** (:class:`fxrewrite.replace.Splicer`) changes the graph: it puts one
+  replacement in a match's place. After each splice, once the graph is consistent again, it
+  tells its listeners what it did as a **change event** (:class:`~fxrewrite.replace.Change`):
+  the nodes it created, the matched nodes it erased, which node now stands for each of the
+  pattern's outputs, and the values the match read (each of them lost users).
+* the **worklist** (:class:`Worklist`) holds the graph nodes still to visit: one queue per
+  priority level, each in graph order, a node at most once per level, and only at the levels
+  that have a rule anchored at one of its op keys.
+* the **driver** (:class:`Driver`) pops a node, tries the rules of that level anchored at its
+  op (cheap pre-checks first), applies the first match that neither the engine nor a guard
+  refuses, and listens to the splicer: the op index files the created nodes, and the worklist
+  is refilled from the event alone (the driver never looks at the graph to guess what changed).
+
+**Order.** The driver always serves the highest priority level that has work, so where two rules
+could fire, the higher-priority one wins; within a level nodes are visited in graph order (inputs
+before users), and rules in the rule set's order. After a change event the worklist gets the
+created nodes, and what lies downstream of them and of the inputs that lost a user, as far as the
+deepest pattern reaches (a pattern of depth d anchored further down cannot see a change more than
+d users away). An input that lost a user is a new candidate only if it has no more users than the
+largest pattern has nodes (only then can it now be an inner node of a match).
+
+**Why it stops.** Every visit pops a node; a visit that rewrites nothing pushes nothing, so
+without rewrites the worklist drains (at most one visit per node and level). Each rewrite pushes
+a bounded number of nodes (the created nodes and their neighbourhood up to the reach). So the
+drive ends unless rewrites go on for ever, which a budget (``max_rewrites``, by default eight per
+node plus 64) turns into :class:`~fxrewrite.errors.DidNotConverge`, naming the rules that fired
+last. Two guards keep sound rule sets far from the budget: a rule whose replacement is again its
+own match with the same bindings (``x + y => y + x``) is not tried again at the node it produced
+("settled"), and a match refused once is not retried until a change event queues its node again.
+
+>>> import torch
+>>> from fxrewrite import Rule, RuleSet
+>>> gm = torch.fx.symbolic_trace(lambda a: torch.neg(torch.neg(torch.neg(torch.neg(a)))))
+>>> neg_neg = Rule.from_functions(lambda x: torch.neg(torch.neg(x)), lambda x: x, name="neg_neg")
+>>> driver = Driver(gm, RuleSet([neg_neg]), budget=10, debug=False)
+>>> driver.run()
+>>> driver.rewrites, [n.op for n in gm.graph.nodes]
+(2, ['placeholder', 'call_method', 'output'])
+
+(the ``clone`` keeps the output a tensor of its own, as it was before rewriting.)
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import itertools
+import logging
+import time
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
+from typing import Any
+
+import attrs
+import torch
+import torch.fx as fx
+from torch.fx.node import Node
+
+from ._torch import is_erased, tree_flatten, tree_leaves, tree_unflatten
+from .canon import alias_class, input_keys, mutation, node_keys, same_literal, writers_of
+from .errors import DidNotConverge, Refuse, RewriteError
+from .index import OpIndex
+from .match import Match, match_at, node_position
+from .replace import Change, Splicer, placement_refusal
+from .report import MAX_REASONS, Report, RuleStats
+from .rule import Rule, RuleSet
+
+__all__ = ["Driver", "Worklist"]
+
+logger = logging.getLogger(__name__)
+
+_PROGRESS_EVERY = 2048  # visits between two on_progress calls
+
+
+class Worklist:
+    """Graph nodes waiting to be visited: one queue per priority level, the highest level with
+    work served first; within a level, graph order (earliest first); a node at most once per
+    level, and only at the levels whose rules anchor at one of its op keys.
+
+    >>> import torch, torch.fx as fx
+    >>> from fxrewrite.canon import node_keys
+    >>> gm = fx.symbolic_trace(lambda x: torch.relu(torch.neg(x)))
+    >>> neg, relu = [n for n in gm.graph.nodes if n.op == "call_function"]
+    >>> work = Worklist({10: {node_keys(relu)[0]}, 0: {node_keys(neg)[0], node_keys(relu)[0]}})
+    >>> for node in (relu, neg, relu):
+    ...     work.push(node)
+    >>> len(work), [(node.name, level) for node, level in iter(work.pop, None)]
+    (3, [('relu', 10), ('neg', 0), ('relu', 0)])
+    """
+
+    def __init__(self, anchors: Mapping[int, Collection[Hashable]]) -> None:
+        #: Per priority level, the op keys its rules anchor at.
+        self.anchors = anchors
+        #: The priority levels, highest first.
+        self.levels = sorted(anchors, reverse=True)
+        self._queues: dict[int, list[tuple[Any, int, Node]]] = {p: [] for p in self.levels}
+        self._queued: dict[int, set[Node]] = {p: set() for p in self.levels}
+        self._seq = itertools.count()  # ties (same position) in push order; nodes are never compared
+
+    def fill(self, level: int, nodes: Iterable[Node]) -> None:
+        """Queue ``nodes`` at ``level`` in one go (the initial fill: one heapify, not a push each)."""
+        queue, queued = self._queues[level], self._queued[level]
+        fresh = [n for n in nodes if n not in queued]
+        queued.update(fresh)
+        queue.extend((node_position(n), next(self._seq), n) for n in fresh)
+        heapq.heapify(queue)
+
+    def push(self, node: Node) -> None:
+        """Queue ``node`` at every level with a rule anchored at one of its op keys, unless it is
+        already waiting there."""
+        keys = node_keys(node)
+        for p in self.levels:
+            if node not in self._queued[p] and any(key in self.anchors[p] for key in keys):
+                self._queued[p].add(node)
+                heapq.heappush(self._queues[p], (node_position(node), next(self._seq), node))
+
+    def pop(self) -> tuple[Node, int] | None:
+        """The earliest live node of the highest level with work, and that level; ``None`` when
+        no node waits. Nodes erased while they waited are dropped here."""
+        for level in self.levels:
+            queue, queued = self._queues[level], self._queued[level]
+            while queue:
+                node = heapq.heappop(queue)[2]
+                queued.discard(node)
+                if not is_erased(node):
+                    return node, level
+        return None
+
+    def __len__(self) -> int:
+        return sum(len(q) for q in self._queues.values())
+
+
+@attrs.define
+class _Tally:
+    """One rule's counts during a drive (frozen into a :class:`~fxrewrite.report.RuleStats`)."""
+
+    attempts: int = 0
+    applied: int = 0
+    rejected: int = 0
+    seconds: float = 0.0
+    reasons: list[str] = attrs.Factory(list)
+
+    def freeze(self) -> RuleStats:
+        return RuleStats(self.attempts, self.applied, self.rejected, self.seconds, tuple(self.reasons))
+
+    def refused(self, node: Node, reason: str) -> None:
+        self.rejected += 1
+        if len(self.reasons) < MAX_REASONS:
+            self.reasons.append(f"at '{node.name}': {reason}")
+
+
+class Driver:
+    """Drives one graph to a fixed point (see the module's docstring); :meth:`run` once, then
+    read :attr:`rewrites`, :meth:`report` and :meth:`applied_rules`."""
+
+    def __init__(self, gm: fx.GraphModule, ruleset: RuleSet, *, budget: int, debug: bool,
+                 on_progress: Callable[[int, int], None] | None = None, stop_after: int | None = None) -> None:
+        self.gm, self.graph, self.ruleset = gm, gm.graph, ruleset
+        self.budget, self.debug, self.on_progress, self.stop_after = budget, debug, on_progress, stop_after
+        self.tallies = {r.name: _Tally() for r in ruleset}
+        self.rewrites = 0
+        self.recent: collections.deque[str] = collections.deque(maxlen=64)  # names of the last rules applied
+        self._last: tuple[Rule, str] | None = None  # the last rewrite's rule and anchor name
+        self._applying: tuple[Rule, Match] | None = None  # the rewrite being spliced, for its change event
+        self.by_level: dict[int, dict[Hashable, list[Rule]]] = {p: {} for p in sorted({r.priority for r in ruleset})}
+        for r in ruleset:  # RuleSet order within a level
+            self.by_level[r.priority].setdefault(r.anchor_key, []).append(r)
+        self.reach = max((r.compiled.depth for r in ruleset), default=1)
+        self.largest = max((len(r.compiled.inner_nodes) for r in ruleset), default=1)
+        needs_modules = any(r.compiled.module_captures for r in ruleset)
+        self.modules: dict[str, torch.nn.Module] = dict(gm.named_modules()) if needs_modules else {}
+        self.settled: dict[str, set[Node]] = {}  # per rule, the nodes it produced from its own pattern
+        #: Does anything in the graph write in place? (Rewrites never add a write: replacements
+        #: writing into their inputs are refused.) Without writes, no match needs the alias walk.
+        self.graph_writes = any(mutation(n) is not None for n in self.graph.nodes)
+        self._writers_cache: dict[Node, tuple[int, tuple[Node, ...] | None]] = {}
+        self.index = OpIndex(self.graph)  # one pass; kept current by the splicer's change events
+        self.worklist = Worklist(self.by_level)
+        for p, rules in self.by_level.items():
+            self.worklist.fill(p, (n for key in rules for n in self.index.nodes(key)))
+        self.splicer = Splicer(gm, self.modules)
+        self.splicer.listen(self._on_change)
+
+    def run(self) -> None:
+        """Rewrite until the worklist is empty (or ``stop_after`` rewrites were made); then keep
+        the outputs that were tensors of their own so (see :func:`_keep_outputs_fresh`)."""
+        fresh = _fresh_outputs(self.graph)
+        aten = any(isinstance(n.target, torch._ops.OpOverload) for n in self.graph.nodes)
+        visits = 0
+        while self.stop_after is None or self.rewrites < self.stop_after:
+            popped = self.worklist.pop()
+            if popped is None:
+                break
+            visits += 1
+            if self.on_progress is not None and visits % _PROGRESS_EVERY == 0:
+                self.on_progress(self.rewrites, len(self.worklist))
+            self._visit(*popped)
+        if self.on_progress is not None:
+            self.on_progress(self.rewrites, 0)
+        if self.rewrites:
+            _keep_outputs_fresh(self.graph, fresh, aten=aten)
+
+    def _visit(self, node: Node, level: int) -> None:
+        """Try the rules of ``level`` anchored at ``node``; apply the first match nothing refuses."""
+        keys = None
+        for rule in self._rules_at(node, level):
+            if node in self.settled.get(rule.name, ()):
+                continue  # the rule produced this node from its own pattern: trying again would loop
+            tally = self.tallies[rule.name]
+            tally.attempts += 1
+            required = rule.compiled.anchor_input_keys
+            if required:
+                keys = input_keys(node) if keys is None else keys
+                if not required <= keys:
+                    continue
+            refusal = None
+            for match in match_at(rule.compiled, node, self.gm, modules=self.modules, candidates=self.index.nodes):
+                refusal = self._refusal(rule, match)
+                if refusal is None:
+                    try:
+                        self._apply(rule, match, tally)
+                        return
+                    except Refuse as declined:  # the graph is as it was; record why and go on
+                        refusal = f"the replacement refused: {declined}"
+            if refusal is not None:  # every match at this node was refused (a guard, or the engine): count it once
+                tally.refused(node, refusal)
+
+    def _refusal(self, rule: Rule, match: Match) -> str | None:
+        """Why ``match`` cannot be applied (the engine's placement check, then the rule's guards)."""
+        if self.graph_writes or match.pattern.is_multi_output:  # else the anchor is the place
+            refusal = placement_refusal(match, self._writers if self.graph_writes else _no_writers)
+            if refusal is not None:
+                return refusal
+        return rule.refusal(match)
+
+    def _rules_at(self, node: Node, level: int) -> Iterable[Rule]:
+        """The rules of ``level`` anchored at what ``node`` computes (under each of its keys)."""
+        rules = self.by_level[level]
+        keys = node_keys(node)
+        if len(keys) == 1:
+            return rules.get(keys[0], ())
+        return [r for key in keys for r in rules.get(key, ())]
+
+    def _writers(self, value: Node) -> tuple[Node, ...] | None:
+        """:func:`~fxrewrite.canon.writers_of`, cached per node with its user count: a node that only
+        lost users keeps its answer (a rewrite never adds an in-place write: replacements writing
+        into inputs are refused, and matches whose outputs are written are never applied), so a
+        widely used input is scanned once, not once per rewrite."""
+        cached = self._writers_cache.get(value)
+        if cached is None or len(value.users) > cached[0]:
+            cached = self._writers_cache[value] = (len(value.users), writers_of(value))
+        return cached[1]
+
+    def _apply(self, rule: Rule, match: Match, tally: _Tally) -> None:
+        """Splice ``rule``'s replacement in at ``match``; the change event refills the worklist."""
+        if self.rewrites >= self.budget:
+            raise self._did_not_converge()
+        self._last = (rule, match.anchor.name)
+        started = time.perf_counter()
+        self._applying = (rule, match)
+        try:
+            created = self.splicer.splice(match, rule)
+        finally:
+            self._applying = None
+        tally.seconds += time.perf_counter() - started
+        tally.applied += 1
+        self.rewrites += 1
+        self.recent.append(rule.name)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("rule %s rewrote %s into %d node(s)", rule.name, match.anchor, len(created))
+        if self.debug:
+            self._lint_after(rule)
+
+    def _on_change(self, change: Change) -> None:
+        """The splicer's change event: file the new nodes, note a rule that reproduced its own
+        match, and queue what the change may have made matchable."""
+        self.index.add(change.created)
+        if self._applying is not None:
+            rule, match = self._applying
+            new_anchor = dict(change.replaced)[match.anchor]
+            if self._reproduces(rule, match, new_anchor):
+                self.settled.setdefault(rule.name, set()).add(new_anchor)
+        self._requeue(change)
+
+    def _reproduces(self, rule: Rule, match: Match, new_anchor: Node) -> bool:
+        """True when the rewrite's result is, canonically, the subgraph it replaced (the rule's
+        pattern matches it again with the same bindings: ``F.relu(x, inplace=False) =>
+        torch.relu(x)``, ``x + y => y + x``): the rule is not tried there again, so such a rule
+        fires once per place instead of looping until the budget runs out."""
+        if rule.anchor_key not in node_keys(new_anchor):
+            return False
+        return any(_same_bindings(again.bindings, match.bindings)
+                   for again in match_at(rule.compiled, new_anchor, self.gm, modules=self.modules,
+                                         candidates=self.index.nodes))
+
+    def _requeue(self, change: Change) -> None:
+        """Queue the created nodes, and what lies downstream of them and of the inputs that lost a
+        user, up to the deepest pattern's reach (such an input may now be an inner node of a
+        match, but only if it has no more users than the largest pattern has nodes)."""
+        lost_a_user = [n for n in change.inputs if not is_erased(n) and len(n.users) <= self.largest]
+        frontier = [n for n in (*change.created, *lost_a_user) if not is_erased(n)]
+        seen = set(frontier)
+        for n in change.created:
+            if not is_erased(n):
+                self.worklist.push(n)
+        for _ in range(self.reach):
+            next_frontier = []
+            for n in frontier:
+                for user in n.users:
+                    if user not in seen:
+                        seen.add(user)
+                        next_frontier.append(user)
+                        self.worklist.push(user)
+            frontier = next_frontier
+
+    @property
+    def last_rewrite(self) -> str | None:
+        """The last rewrite applied (formatted only when asked: the bisection of ``check_inputs``
+        reads it once, the drive sets it at every rewrite)."""
+        if self._last is None:
+            return None
+        rule, anchor = self._last
+        return f"rule '{rule.name}' ({rule.origin}) at graph node '{anchor}'"
+
+    def report(self, seconds: float) -> Report:
+        """What this drive did, rule by rule, as a :class:`Report`."""
+        return Report({r.name: self.tallies[r.name].freeze() for r in self.ruleset}, self.rewrites, seconds,
+                      self.last_rewrite)
+
+    def applied_rules(self) -> str:
+        """The rules applied and how often (``"relu_relu (4x)"``), or ``"none"``, for error messages."""
+        return ", ".join(f"{name} ({t.applied}x)" for name, t in self.tallies.items() if t.applied) or "none"
+
+    def _lint_after(self, rule: Rule) -> None:
+        try:
+            self.graph.lint()
+        except Exception as exc:
+            raise RewriteError(
+                f"debug check: the graph fails lint after rule '{rule.name}' ({rule.origin}) was applied: {exc}"
+            ) from exc
+
+    def _did_not_converge(self) -> DidNotConverge:
+        counts = collections.Counter(self.recent).most_common()
+        firing = ", ".join(f"'{name}' ({k}x)" for name, k in counts)
+        origins = "; ".join(f"{name} at {self.ruleset[name].origin}" for name, _ in counts)
+        return DidNotConverge(
+            f"the rewrite did not reach a fixed point within {self.budget} rewrites; the last "
+            f"{len(self.recent)} rewrites were by {firing}. Rules that undo each other (a rule and its "
+            f"inverse) never settle: remove one, or add a where= guard. ({origins}). Raise max_rewrites "
+            f"if the graph really needs more rewrites."
+        )
+
+
+def _same_bindings(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    return a.keys() == b.keys() and all(
+        a[k] is b[k] or (not isinstance(a[k], Node) and same_literal(a[k], b[k])) for k in a)
+
+
+def _no_writers(value: Node) -> tuple[Node, ...]:
+    """What writes into a value in a graph without in-place writes."""
+    return ()
+
+
+# -- the outputs' aliasing contract ---------------------------------------------------------------
+
+
+def _output_values(graph: fx.Graph) -> tuple[Node, list[Any]]:
+    output = next(n for n in reversed(graph.nodes) if n.op == "output")
+    return output, tree_leaves(output.args)
+
+
+def _shares_an_input(value: Any) -> bool:
+    """True when a graph output may be (a view of) an input or an attribute of the module."""
+    if not isinstance(value, Node):
+        return False
+    members = alias_class(value)
+    return members is None or any(m.op in ("placeholder", "get_attr") for m in members)
+
+
+def _fresh_outputs(graph: fx.Graph) -> list[bool]:
+    """For each graph output: does it hold a tensor of its own (shares no storage with an input)?"""
+    return [not _shares_an_input(v) for v in _output_values(graph)[1]]
+
+
+def _keep_outputs_fresh(graph: fx.Graph, fresh: list[bool], *, aten: bool) -> None:
+    """Keep the outputs' aliasing contract: an output that was a new tensor stays one. After
+    ``neg(neg(x)) => x`` the module would return its input itself, and a caller writing into the
+    result would write into its input; such an output is cloned instead."""
+    output, values = _output_values(graph)
+    if len(values) != len(fresh):
+        return
+    stale = [was_fresh and _shares_an_input(v) for v, was_fresh in zip(values, fresh)]
+    if not any(stale):
+        return
+    clones: dict[Node, Node] = {}
+    for value, needs_clone in zip(values, stale):
+        if needs_clone and value not in clones:
+            with graph.inserting_before(output):
+                clone = (graph.call_function(torch.ops.aten.clone.default, (value,)) if aten
+                         else graph.call_method("clone", (value,)))
+            clone.meta.update({k: value.meta[k] for k in ("val", "tensor_meta") if k in value.meta})
+            clone.meta["stack_trace"] = "fxrewrite: the output was a new tensor before rewriting; it stays one\n"
+            clones[value] = clone
+    positions = iter(stale)
+    leaves, spec = tree_flatten(output.args)
+    output.args = tree_unflatten(
+        [clones[v] if next(positions) else v for v in leaves], spec)
