@@ -234,6 +234,7 @@ def test_rewritten_program_compiles_with_aot_inductor(model, program, tmp_path):
         torch.testing.assert_close(runner(X), expected_model(X))
 
 
+@pytest.mark.slow
 def test_gpt2_eager_attention_becomes_sdpa_in_the_exported_program(tmp_path):
     gpt2 = tiny_eager_gpt2()
 
