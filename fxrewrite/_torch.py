@@ -16,12 +16,16 @@ rewrite.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
-from collections.abc import Iterator, Mapping
+import math
+from collections.abc import Callable, Iterator, Mapping
+from types import ModuleType
 from typing import Any
 
 import torch
 import torch.fx as fx
+import torch.fx._symbolic_trace as _symbolic_trace
 import torch.utils._pytree as pytree
 from torch._guards import detect_fake_mode as _detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
@@ -33,15 +37,20 @@ __all__ = [
     "FakeTensor",
     "FakeTensorMode",
     "add_node",
+    "autowrap_function_ids",
+    "autowrap_patches",
     "copy_namespace",
     "copy_attribute",
     "copy_replacement_attributes",
     "detect_fake_mode",
     "fresh_node_name",
+    "fx_tracing",
+    "is_fx_tracing",
     "is_erased",
     "node_name_base",
     "node_position",
     "reparametrized",
+    "set_code_fields",
     "set_graph_without_compiling",
     "tree_flatten",
     "tree_leaves",
@@ -139,4 +148,87 @@ def reparametrized(module: torch.nn.Module, state: Mapping[str, torch.Tensor]) -
     from torch.nn.utils.stateless import _reparametrize_module
 
     with _reparametrize_module(module, dict(state), tie_weights=True, strict=False):
+        yield
+
+
+# ---- tracing a function the way fx.Tracer.trace does, without its per-trace costs -------------
+# Used by fxrewrite.pattern's quick pattern tracer; its slow twin is torch.fx.Tracer.trace.
+
+
+def is_fx_tracing() -> bool:
+    """True inside a ``torch.fx`` trace (``symbolic_trace``, and ``torch.export``'s), read
+    without ``torch.fx._symbolic_trace.is_fx_tracing()``'s deprecation warning."""
+    return bool(_symbolic_trace._is_fx_tracing_flag)
+
+
+@contextlib.contextmanager
+def fx_tracing() -> Iterator[None]:
+    """``torch.fx._symbolic_trace.is_fx_tracing()`` is true inside, as during ``Tracer.trace``."""
+    previous = _symbolic_trace._is_fx_tracing_flag
+    _symbolic_trace._is_fx_tracing_flag = True
+    try:
+        yield
+    finally:
+        _symbolic_trace._is_fx_tracing_flag = previous
+
+
+def set_code_fields(graph: fx.Graph, fn: Callable[..., Any]) -> None:
+    """Record the name, file and first line of ``fn``'s code on ``graph``, as ``Tracer.trace`` does."""
+    code = getattr(fn, "__code__", None)
+    if code is not None:
+        graph._co_fields = {"co_name": code.co_name, "co_filename": code.co_filename,
+                            "co_firstlineno": code.co_firstlineno}
+
+
+_MATH_FUNCTION_IDS: frozenset[int] | None = None
+
+
+def autowrap_function_ids() -> frozenset[int]:
+    """The ids of the functions ``fx.Tracer()`` wraps by default (its ``autowrap_modules=(math,)``),
+    computed once instead of at every ``Tracer()``; same rule as its ``__init__``.
+
+    >>> id(math.sqrt) in autowrap_function_ids(), id(math.pi) in autowrap_function_ids()
+    (True, False)
+    """
+    global _MATH_FUNCTION_IDS
+    if _MATH_FUNCTION_IDS is None:
+        _MATH_FUNCTION_IDS = frozenset(id(value) for name, value in math.__dict__.items()
+                                       if not name.startswith("_") and callable(value))
+    return _MATH_FUNCTION_IDS
+
+
+#: ``_create_wrapped_func(fn)`` for each function fx patched: a wrapper is a pure closure over
+#: ``fn``, so one per function serves every trace (fx builds ~50 per trace, 70% of a pattern's).
+_WRAPPERS: dict[int, tuple[Callable[..., Any], Callable[..., Any]]] = {}
+
+
+def _wrapper_of(fn: Callable[..., Any]) -> Callable[..., Any]:
+    cached = _WRAPPERS.get(id(fn))
+    if cached is None or cached[0] is not fn:
+        if len(_WRAPPERS) > 4096:  # functions that came and went (fx.wrap of redefined functions)
+            _WRAPPERS.clear()
+        cached = _WRAPPERS[id(fn)] = (fn, _symbolic_trace._create_wrapped_func(fn))
+    return cached[1]
+
+
+@contextlib.contextmanager
+def autowrap_patches(fn_globals: dict[str, Any], function_ids: frozenset[int] | set[int],
+                     modules: list[ModuleType]) -> Iterator[None]:
+    """The function patches ``Tracer.trace`` makes for a traced function (and undoes after):
+    ``torch.fx.wrap``-ed functions, and the autowrapped functions (``math.sqrt`` ...) found in
+    ``fn_globals`` and in ``modules``, each replaced by a wrapper that records a call on a
+    ``Proxy``. Same patches, in the same order, through fx's own patcher
+    (``_patch_wrapped_functions`` and ``_autowrap_check``, re-spelt here to reuse wrappers)."""
+    with _symbolic_trace._new_patcher() as patcher:
+        for (_, name), frame_dict in _symbolic_trace._wrapped_fns_to_patch.copy().items():
+            builtin = name not in frame_dict and hasattr(builtins, name)
+            original = getattr(builtins, name) if builtin else frame_dict[name]
+            patcher.patch(frame_dict, name, _wrapper_of(original))
+        for cls, name in _symbolic_trace._wrapped_methods_to_patch:
+            patcher.patch_method(cls, name, _symbolic_trace._create_wrapped_method(cls, name))
+        for frame_dict in (fn_globals, *(m.__dict__ for m in modules)):
+            if patcher.visit_once(frame_dict):
+                for name, value in list(frame_dict.items()):
+                    if not name.startswith("_") and callable(value) and id(value) in function_ids:
+                        patcher.patch(frame_dict, name, _wrapper_of(value))
         yield

@@ -17,6 +17,7 @@ module is an instance of that class).
 from __future__ import annotations
 
 import inspect
+import math
 import threading
 import types
 import typing
@@ -28,6 +29,7 @@ import torch
 import torch.fx as fx
 from torch.fx.node import Node
 
+from ._torch import autowrap_function_ids, autowrap_patches, fx_tracing, is_fx_tracing, set_code_fields
 from .canon import is_commutative_call, mutation, node_key, pattern_identity, result_kind
 from .errors import RuleDefinitionError
 
@@ -185,12 +187,26 @@ class ThreadConfinedTracer(fx.Tracer):
         return super().getattr(attr, attr_val, parameter_proxy_cache)
 
 
-class _PatternTracer(ThreadConfinedTracer):
-    """A tracer that hands module-capture parameters to the pattern as call-recording stubs."""
+class _ModuleCalled(Exception):
+    """An ``nn.Module`` was called while a pattern was traced quickly: trace it the plain way."""
 
-    def __init__(self, params: tuple[Param, ...]) -> None:
-        super().__init__(autowrap_functions=())
+
+class _PatternTracer(ThreadConfinedTracer):
+    """A tracer that hands module-capture parameters to the pattern as call-recording stubs.
+
+    A plain function is traced by :meth:`trace_quickly`; ``plain=True`` (or anything else:
+    a module, concrete arguments, a trace inside another fx trace) takes its slow twin,
+    ``torch.fx.Tracer.trace``. ``tests/test_pattern.py`` checks that both give the same graph
+    for every rule of the library and of the examples.
+    """
+
+    def __init__(self, params: tuple[Param, ...], *, plain: bool = False) -> None:
+        # fx.Tracer()'s default autowrap of `math`, without recomputing the ids at every Tracer()
+        super().__init__(autowrap_modules=(), autowrap_functions=())  # type: ignore[arg-type]  # torch types it 1-tuple
+        self._autowrap_function_ids = set(autowrap_function_ids())
+        self._autowrap_search = [math]
         self._params = params
+        self._plain = plain
 
     def create_args_for_root(self, root_fn, is_module, concrete_args=None):  # type: ignore[no-untyped-def]
         fn, args = super().create_args_for_root(root_fn, is_module, concrete_args)
@@ -200,6 +216,59 @@ class _PatternTracer(ThreadConfinedTracer):
             param = by_name.get(str(getattr(getattr(arg, "node", None), "target", "")))
             stubbed.append(_ModuleCaptureStub(self, param) if param and param.kind == "module" else arg)
         return fn, stubbed
+
+    def trace(self, root: Any, concrete_args: Any = None) -> fx.Graph:
+        if self._plain or not isinstance(root, types.FunctionType) or concrete_args is not None or is_fx_tracing():
+            return super().trace(root, concrete_args)
+        try:
+            return self.trace_quickly(root)
+        except _ModuleCalled:
+            return super().trace(root, concrete_args)
+
+    def trace_quickly(self, fn: types.FunctionType) -> fx.Graph:
+        """What ``torch.fx.Tracer.trace(fn)`` (the slow twin) does for a plain function, less
+        two per-trace costs that cannot change its graph: it builds the autowrap wrappers
+        (``math.sqrt`` ...) once per function instead of once per trace, and it does not patch
+        ``nn.Module.__call__`` and ``__getattr__`` (assigning to ``nn.Module`` invalidates the
+        type caches of its every subclass, about 1 ms a trace). The ``__getattr__`` patch only
+        turns a parameter or buffer *of the root* into a ``get_attr``, and a function's root
+        has none; the ``__call__`` patch matters when the pattern calls a module, so a module
+        called meanwhile (on this thread) raises :class:`_ModuleCalled`, and :meth:`trace`
+        retraces the plain way."""
+        self._tracing_thread = threading.get_ident()
+        called: list[torch.nn.Module] = []
+
+        def refuse(module: torch.nn.Module, inputs: Any) -> None:
+            if threading.get_ident() == self._tracing_thread:
+                called.append(module)
+                raise _ModuleCalled
+
+        handle = torch.nn.modules.module.register_module_forward_pre_hook(refuse)
+        try:
+            with fx_tracing():
+                self._record(fn)
+        except Exception:
+            if called:  # the pattern caught _ModuleCalled and failed otherwise
+                raise _ModuleCalled from None
+            raise
+        finally:
+            handle.remove()
+        if called:
+            raise _ModuleCalled
+        return self.graph
+
+    def _record(self, fn: types.FunctionType) -> None:
+        """The body of ``torch.fx.Tracer.trace`` for a function root, in its order, without the
+        ``nn.Module`` patches (see :meth:`trace_quickly`)."""
+        self.root = torch.nn.Module()
+        self.graph = fx.Graph(tracer_cls=type(self))
+        set_code_fields(self.graph, fn)
+        self.tensor_attrs = {}
+        fn_globals = fn.__globals__
+        traced, args = self.create_args_for_root(fn, False)
+        with autowrap_patches(fn_globals, self._autowrap_function_ids, self._autowrap_search):
+            returns = inspect.get_annotations(inspect.unwrap(traced)).get("return", None)
+            self.create_node("output", "output", (self.create_arg(traced(*args)),), {}, type_expr=returns)
 
 
 def trace_pattern(fn: Callable[..., Any], *, rule_name: str, origin: str) -> Pattern:

@@ -128,3 +128,108 @@ def test_an_optional_capture_of_something_else_than_a_literal_type_is_an_error()
 
     with pytest.raises(RuleDefinitionError, match=re.escape("'| None', for a capture that may also bind None")):
         trace_pattern(pattern, rule_name="r", origin="<test>")
+
+
+# ---- the quick tracer and its slow twin (torch.fx.Tracer.trace) ----------------------------------
+
+
+def _graph_text(graph: torch.fx.Graph) -> list[tuple]:
+    """Everything the traced graph says, node by node (arguments by node name)."""
+    def plain(value):
+        return torch.fx.node.map_arg(value, lambda n: ("node", n.name))
+
+    return [(n.op, n.name, n.target, plain(n.args), plain(n.kwargs), n.type, dict(n.meta)) for n in graph.nodes]
+
+
+def _both_ways(fn, params=None):
+    from fxrewrite.pattern import TRACING, _PatternTracer, signature_params
+
+    params = signature_params(fn, where="<test>", role="pattern") if params is None else params
+    with TRACING:
+        quick = _PatternTracer(params).trace_quickly(fn)
+        plain = _PatternTracer(params, plain=True).trace(fn)
+    return quick, plain
+
+
+def _assert_same_graph(quick: torch.fx.Graph, plain: torch.fx.Graph) -> None:
+    assert _graph_text(quick) == _graph_text(plain)
+    assert quick._co_fields == plain._co_fields
+    assert quick.python_code("self").src == plain.python_code("self").src
+
+
+def _library_and_example_rules():
+    from pathlib import Path
+
+    from fxrewrite.loader import load_rules
+
+    root = Path(__file__).resolve().parent.parent
+    yield from load_rules()
+    for folder in sorted((root / "examples").glob("*_rules")):
+        yield from load_rules(folder)
+
+
+@pytest.mark.slow  # loads the library and the examples, and traces each pattern twice: 2 s
+def test_quick_tracing_gives_the_plain_graph_for_every_library_and_example_rule():
+    rules = list(_library_and_example_rules())
+    assert len(rules) > 140
+    for rule in rules:
+        _assert_same_graph(*_both_ways(rule.pattern, rule.compiled.params))
+
+
+def test_quick_tracing_records_autowrapped_math_and_fx_wrapped_functions_as_fx_does():
+    namespace: dict = {"__name__": "wrapped_for_a_test"}
+    exec(compile("import math, torch, torch.fx\nfrom math import sqrt\n"
+                 "def scaled(x):\n    return x * 2\n"
+                 "torch.fx.wrap('scaled')\n"
+                 "def pattern(q):\n    return scaled(q) / sqrt(q.size(-1)) + math.log(q.size(0))\n",
+                 "<wrapped>", "exec"), namespace)
+    quick, plain = _both_ways(namespace["pattern"])
+    _assert_same_graph(quick, plain)
+    assert {"scaled", "sqrt", "log"} <= {getattr(n.target, "__name__", None) for n in quick.nodes}
+    assert namespace["sqrt"] is math.sqrt and namespace["scaled"].__name__ == "scaled"  # patches undone
+    assert math.log.__module__ == "math" and not hasattr(math.log, "__fx_already_patched")
+
+
+class _Doubling(nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+@pytest.mark.parametrize("module", [_Doubling(), nn.ReLU()], ids=["own module", "torch.nn module"])
+def test_a_pattern_calling_a_module_is_traced_the_plain_way(module):
+    from fxrewrite.pattern import TRACING, _ModuleCalled, _PatternTracer
+
+    def through_module(x):
+        return torch.neg(module(x))
+
+    with TRACING, pytest.raises(_ModuleCalled):
+        _PatternTracer(()).trace_quickly(through_module)
+    errors = []
+    for plain in (False, True):  # torch.fx refuses a module that is not part of the traced root
+        with TRACING, pytest.raises(NameError, match="not installed as a submodule") as error:
+            _PatternTracer((), plain=plain).trace(through_module)
+        errors.append(str(error.value))
+    assert errors[0] == errors[1]
+    with pytest.raises(RuleDefinitionError, match="not installed as a submodule"):
+        traced(through_module)
+    assert nn.Module.__call__ is nn.Module._wrapped_call_impl  # nothing left patched
+
+
+def test_a_module_called_on_another_thread_during_a_quick_trace_runs_as_usual():
+    import threading
+
+    from fxrewrite.pattern import TRACING, _PatternTracer
+
+    done = threading.Event()
+    out = []
+
+    def pattern(x):
+        worker = threading.Thread(target=lambda: (out.append(_Doubling()(torch.ones(1))), done.set()))
+        worker.start()
+        worker.join()
+        return torch.neg(x)
+
+    with TRACING:
+        graph = _PatternTracer(()).trace_quickly(pattern)
+    assert done.is_set() and torch.equal(out[0], torch.full((1,), 2.0))
+    assert [n.op for n in graph.nodes] == ["placeholder", "call_function", "output"]
