@@ -6,6 +6,9 @@ would make those rules cost O(N) per candidate; :class:`OpIndex` answers from bu
 once. Whoever changes the graph tells the index which nodes it created
 (:meth:`OpIndex.add`); erased nodes are dropped lazily, the next time their bucket is read.
 
+**Slow twin**: :func:`scan`, one pass over ``graph.nodes`` per question;
+``tests/test_index.py`` keeps both equal over random edits.
+
 >>> import torch, torch.fx as fx
 >>> gm = fx.symbolic_trace(lambda x: torch.neg(torch.relu(x)) + torch.neg(x))
 >>> index = OpIndex(gm.graph)
@@ -28,7 +31,19 @@ from torch.fx.node import Node
 from ._torch import is_erased, node_position
 from .canon import node_keys
 
-__all__ = ["OpIndex"]
+__all__ = ["OpIndex", "scan"]
+
+
+def scan(graph: fx.Graph, key: Hashable, *, canonical: bool = True) -> list[Node]:
+    """The slow twin of :meth:`OpIndex.nodes`: the nodes of ``graph`` filed under ``key``, by a
+    pass over the whole graph.
+
+    >>> import torch, torch.fx as fx
+    >>> gm = fx.symbolic_trace(lambda x: torch.neg(x).neg())
+    >>> [n.name for n in scan(gm.graph, ("aten", "neg"))]
+    ['neg', 'neg_1']
+    """
+    return [n for n in graph.nodes if key in node_keys(n, canonical)]
 
 
 class OpIndex:

@@ -7,10 +7,13 @@ import operator
 import torch
 import torch.fx as fx
 from _helpers import counting_calls
+from hypothesis import given, settings
+from hypothesis.strategies import data as st_data
 
 from fxrewrite import Rule, explain, rewrite
+from fxrewrite.canon import node_keys
 from fxrewrite.compat import find_fx_matches
-from fxrewrite.index import OpIndex
+from fxrewrite.index import OpIndex, scan
 from fxrewrite.pattern import pattern_from_graph
 
 NEG = ("aten", "neg")
@@ -123,3 +126,48 @@ def test_disconnected_patterns_cost_linear_work_not_a_graph_scan_per_candidate()
     _calls_to_rewrite(20)  # warm caches and lazy imports
     small, large = _calls_to_rewrite(400), _calls_to_rewrite(1600)
     assert large / small < 6, (small, large)
+
+
+# -- the slow twin: a scan of the graph answers the same over random edits --------------------------
+
+_OPS = (torch.neg, torch.relu, torch.sin, operator.neg, "neg", "relu")
+
+
+def _random_edits(data) -> tuple[fx.Graph, OpIndex, bool]:
+    from hypothesis import strategies as st
+
+    canonical = data.draw(st.booleans())
+    graph = fx.Graph()
+    nodes = [graph.placeholder("x")]
+    for target in data.draw(st.lists(st.sampled_from(_OPS), min_size=1, max_size=12)):
+        op = "call_method" if isinstance(target, str) else "call_function"
+        nodes.append(graph.create_node(op, target, (data.draw(st.sampled_from(nodes)),)))
+    graph.output(nodes[-1])
+    index = OpIndex(graph, canonical=canonical)
+    for _ in range(data.draw(st.integers(0, 8))):
+        live = [n for n in graph.nodes if n.op not in ("placeholder", "output")]
+        if live and data.draw(st.booleans()):  # erase a node, its users reading its input instead
+            victim = data.draw(st.sampled_from(live))
+            victim.replace_all_uses_with(victim.args[0])
+            graph.erase_node(victim)
+            index.add([])
+        else:  # insert a node before a random one
+            where = data.draw(st.sampled_from([n for n in graph.nodes if n.op != "placeholder"]))
+            target = data.draw(st.sampled_from(_OPS))
+            before = list(graph.nodes)[:list(graph.nodes).index(where)]
+            with graph.inserting_before(where):
+                source = data.draw(st.sampled_from(before))
+                op = "call_method" if isinstance(target, str) else "call_function"
+                new = graph.create_node(op, target, (source,))
+            index.add([new])
+    return graph, index, canonical
+
+
+@given(st_data())
+@settings(max_examples=40, deadline=None, derandomize=True)
+def test_the_index_answers_what_a_scan_of_the_graph_answers_after_random_edits(data):
+    graph, index, canonical = _random_edits(data)
+    graph.lint()
+    keys = {k for n in graph.nodes for k in node_keys(n, canonical)} | {NEG, ("aten", "sigmoid")}
+    for key in sorted(keys, key=repr):
+        assert index.nodes(key) == scan(graph, key, canonical=canonical), key
