@@ -103,7 +103,7 @@ class Worklist:
     def fill(self, level: int, nodes: Iterable[Node]) -> None:
         """Queue ``nodes`` at ``level`` in one go (the initial fill: one heapify, not a push each)."""
         queue, queued = self._queues[level], self._queued[level]
-        fresh = [n for n in nodes if n not in queued]
+        fresh = [n for n in dict.fromkeys(nodes) if n not in queued]
         queued.update(fresh)
         queue.extend((node_position(n), next(self._seq), n) for n in fresh)
         heapq.heapify(queue)

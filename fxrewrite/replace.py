@@ -30,7 +30,15 @@ from torch.fx.node import Node
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._torch import add_node, fresh_node_name, is_erased, node_name_base, tree_leaves
-from .canon import aten_spelling, mutation, result_kind, writers_of, written_arguments
+from .canon import (
+    METADATA_ATTRIBUTES,
+    METADATA_METHODS,
+    aten_spelling,
+    mutation,
+    result_kind,
+    writers_of,
+    written_arguments,
+)
 from .errors import ModuleWriteError, Refuse, RewriteError
 from .match import Match, node_position
 from .meta import has_values, propagate_values
@@ -42,11 +50,6 @@ __all__ = ["Change", "Splicer", "insertion_point", "placement_refusal"]
 #: Node metadata saying where in the module tree a node comes from; new nodes take the anchor's.
 _SCOPE_META = ("nn_module_stack", "source_fn_stack", "fwd_nn_module_stack", "fwd_source_fn_stack")
 
-#: What a replacement may read of a matched tensor, answered from the graph's metadata.
-CONCRETE_ATTRIBUTES = frozenset({"dtype", "shape", "device", "ndim", "is_cuda", "layout", "is_sparse", "is_quantized",
-                                 "is_meta", "is_complex_dtype"})
-CONCRETE_METHODS = frozenset({"size", "dim", "numel", "is_floating_point", "is_complex", "element_size", "ndimension",
-                              "nelement", "get_device"})
 
 
 def _concrete(value: Any) -> bool:
@@ -57,7 +60,8 @@ def _concrete(value: Any) -> bool:
 
 class _ValueProxy(fx.Proxy):
     """A Proxy that answers ``.dtype``, ``.shape``, ``.size()``, ``.dim()``, ``.device``,
-    ``.numel()``, ``.is_floating_point()`` ... with the concrete values in its node's metadata
+    ``.numel()``, ``.is_floating_point()`` ... (canon's :data:`~fxrewrite.canon.METADATA_ATTRIBUTES`
+    and :data:`~fxrewrite.canon.METADATA_METHODS`) with the concrete values in its node's metadata
     (fake tensors), so a replacement can branch on them at rewrite time; every tensor operation
     is still recorded. Without metadata it records, like any Proxy."""
 
@@ -67,10 +71,10 @@ class _ValueProxy(fx.Proxy):
     def __getattr__(self, name: str) -> Any:
         val = self._value()
         if isinstance(val, torch.Tensor) and not name.startswith("__"):
-            if name in CONCRETE_ATTRIBUTES and _concrete(getattr(val, name)):
+            if name in METADATA_ATTRIBUTES and _concrete(getattr(val, name)):
                 self.tracer.read_metadata = True  # type: ignore[attr-defined]
                 return getattr(val, name)
-            if name in CONCRETE_METHODS:
+            if name in METADATA_METHODS:
                 self.tracer.read_metadata = True  # type: ignore[attr-defined]
                 return _ConcreteMethod(self, name, getattr(val, name))
         return super().__getattr__(name)

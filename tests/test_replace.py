@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import operator
 
 import pytest
 import torch
@@ -315,3 +316,47 @@ def test_replacement_reading_a_value_that_is_not_live_before_it_is_refused_and_r
         rewrite(gm, r, inplace=inplace)
     assert_same_state(before, graph_state(gm))
     assert_consistent(gm, model)
+
+
+def test_module_call_is_torchs_own_between_replacements_and_records_only_inside_one():
+    """``nn.Module.__call__`` is replaced only while a replacement function runs: a guard, run
+    between two replacements of the same rewrite, sees torch's own."""
+    original = torch.nn.Module.__call__
+    seen: dict[str, list[bool]] = {"guard": [], "replacement": []}
+    linear = torch.nn.Linear(4, 4)
+
+    def guard(match):
+        seen["guard"].append(torch.nn.Module.__call__ is original)
+        return True
+
+    def replacement(x):
+        seen["replacement"].append(torch.nn.Module.__call__ is original)
+        return linear(x)  # recorded as call_module, not traced through
+
+    rule = Rule.from_functions(lambda x: torch.neg(torch.neg(x)), replacement, name="neg_neg_linear", where=guard)
+    f = lambda a: torch.neg(torch.neg(torch.relu(torch.neg(torch.neg(a)))))  # noqa: E731
+    result = rewrite(f, rule)
+    assert seen == {"guard": [True, True], "replacement": [False, False]}
+    assert torch.nn.Module.__call__ is original
+    assert [n.op for n in result.module.graph.nodes].count("call_module") == 2
+    result.module.graph.lint()
+    torch.testing.assert_close(result.module(X), linear(torch.relu(linear(X))))
+
+
+def test_a_replacement_reads_itemsize_and_nbytes_from_the_metadata():
+    """canon's METADATA_ATTRIBUTES: sizes in bytes follow from dtype and shape, so a replacement
+    may branch on them at rewrite time (no getattr node is recorded)."""
+    seen = []
+
+    def replacement(x):
+        seen.append((x.itemsize, x.nbytes))
+        return x * 2 if x.itemsize == 4 else x + x
+
+    rule = neg_neg(replacement)
+    f = lambda a: torch.neg(torch.neg(a)) + 1  # noqa: E731
+    result = rewrite(f, rule, example_inputs=(X,))
+    assert seen == [(4, 4 * X.numel())]
+    assert [n.target for n in result.module.graph.nodes if n.op != "placeholder" and n.op != "output"] == [
+        operator.mul, operator.add]
+    result.module.graph.lint()
+    torch.testing.assert_close(result.module(X), X * 2 + 1)  # the branch taken: float32 has 4 bytes

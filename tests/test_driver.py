@@ -1,0 +1,102 @@
+"""The driver: its worklist's order, and a worklist fed by the splicer's change events."""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+from _helpers import X
+
+from fxrewrite import Rule, RuleSet
+from fxrewrite.canon import node_keys
+from fxrewrite.driver import Driver, Worklist
+from fxrewrite.replace import Change
+
+
+def calls(gm: fx.GraphModule) -> list[fx.Node]:
+    return [n for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def key(node: fx.Node):
+    return node_keys(node)[0]
+
+
+def test_the_worklist_serves_the_highest_level_first_and_each_level_in_graph_order():
+    gm = fx.symbolic_trace(lambda a: torch.sigmoid(torch.relu(torch.neg(a))))
+    neg, relu, sigmoid = calls(gm)
+    work = Worklist({5: {key(sigmoid)}, 0: {key(neg), key(relu), key(sigmoid)}, -3: {key(relu)}})
+    for node in (sigmoid, relu, neg):  # pushed against graph order
+        work.push(node)
+    assert [(n.name, level) for n, level in iter(work.pop, None)] == [
+        ("sigmoid", 5), ("neg", 0), ("relu", 0), ("sigmoid", 0), ("relu", -3)]
+
+
+def test_the_worklist_queues_a_node_once_per_level_and_only_where_a_rule_anchors_at_it():
+    gm = fx.symbolic_trace(lambda a: torch.relu(torch.neg(a)))
+    neg, relu = calls(gm)
+    work = Worklist({0: {key(relu)}})
+    work.fill(0, [relu, relu])
+    work.push(relu)
+    work.push(neg)  # no rule of any level anchors at neg
+    assert len(work) == 1
+    assert work.pop() == (relu, 0) and work.pop() is None
+    work.push(relu)  # popped: it may be queued again
+    assert work.pop() == (relu, 0)
+
+
+def test_the_worklist_drops_nodes_erased_while_they_waited():
+    gm = fx.symbolic_trace(lambda a: torch.relu(torch.neg(a)) + 1)
+    neg, relu, _ = calls(gm)
+    work = Worklist({0: {key(neg), key(relu)}})
+    work.fill(0, [neg, relu])
+    relu.replace_all_uses_with(neg)
+    gm.graph.erase_node(relu)
+    assert work.pop() == (neg, 0) and work.pop() is None
+
+
+NEG_NEG_AS_RELUS = Rule.from_functions(lambda x: torch.neg(torch.neg(x)),
+                                      lambda x: torch.relu(x) - torch.relu(torch.neg(x)), name="neg_neg_as_relus")
+RELUS_TO_X = Rule.from_functions(lambda x: torch.relu(x) - torch.relu(torch.neg(x)), lambda x: x, name="relus_to_x")
+
+
+def f(a):
+    return torch.neg(torch.neg(a)) * 2
+
+
+def test_nodes_a_rewrite_creates_are_visited_because_its_change_event_queues_them():
+    """The graph has no relu and no subtraction: only the change event of the first rewrite
+    brings the nodes it made to the worklist, where the second rule finds them."""
+    gm = fx.symbolic_trace(f)
+    driver = Driver(gm, RuleSet([NEG_NEG_AS_RELUS, RELUS_TO_X]), budget=10, debug=False)
+    events: list[Change] = []
+    driver.splicer.listen(events.append)
+    driver.run()
+    assert driver.rewrites == 2 and len(events) == 2 and len(driver.worklist) == 0
+    assert [n.target for n in calls(gm)] == [operator.mul]
+    gm.graph.lint()
+    gm.recompile()
+    torch.testing.assert_close(gm(X), f(X))
+
+    deaf = fx.symbolic_trace(f)
+    driver = Driver(deaf, RuleSet([NEG_NEG_AS_RELUS, RELUS_TO_X]), budget=10, debug=False)
+    driver.splicer._listeners.clear()  # a driver that does not hear the splicer never sees the new nodes
+    driver.run()
+    assert driver.rewrites == 1 and torch.relu in [n.target for n in calls(deaf)]
+
+
+def test_a_change_event_says_what_the_splice_created_erased_replaced_and_read():
+    gm = fx.symbolic_trace(f)
+    placeholder = next(n for n in gm.graph.nodes if n.op == "placeholder")
+    inner, outer = calls(gm)[:2]
+    driver = Driver(gm, RuleSet([NEG_NEG_AS_RELUS]), budget=10, debug=False)
+    events: list[Change] = []
+    driver.splicer.listen(events.append)
+    driver.run()
+    (change,) = events
+    assert [n.target for n in change.created] == [torch.relu, torch.neg, torch.relu, operator.sub]
+    assert set(change.erased) == {inner, outer} and all(n._erased for n in change.erased)
+    assert change.replaced == ((outer, change.created[-1]),) and change.inputs == (placeholder,)
+    gm.graph.lint()
+    gm.recompile()
+    torch.testing.assert_close(gm(X), f(X))
