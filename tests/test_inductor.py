@@ -137,6 +137,12 @@ def test_replacement_branching_on_a_symbolic_size_under_dynamic_shapes(stage):
                              options={**rules.options, "fx_graph_cache": False})
     for x in (X, torch.randn(7, 12)):
         torch.testing.assert_close(compiled(x), torch.relu(x * torch.sigmoid(x)))
+    # The pass saw the graph and matched; the replacement's branch on a symbolic size is refused,
+    # the place left as it was, and the report says why.
+    report = rules.report
+    assert rules.graphs == 1 and report.attempts["silu_aligned"] == 1 and report.applied["silu_aligned"] == 0
+    (reason,) = report.reasons["silu_aligned"]
+    assert "branches on a size that is symbolic in this graph (dynamic shapes)" in reason
 
 
 def test_rules_without_branches_work_under_dynamic_shapes():
