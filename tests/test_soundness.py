@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from _helpers import assert_rewrite_sound, standard_rules
+from _helpers import assert_rewrite_sound, assert_same_outputs, standard_rules
 
 import fxrewrite
 from fxrewrite import RewriteError, Rule, explain, load_rules, rewrite
@@ -417,7 +417,10 @@ def assert_sound(fn: Callable[..., Any], rules: Any, *shapes: tuple[int, ...]) -
     before_inputs, after_inputs = [t.clone() for t in inputs], [t.clone() for t in inputs]
     expected = fn(*before_inputs)
     actual = result.module(*after_inputs)
-    torch.testing.assert_close(actual, expected, msg=lambda m: f"outputs differ:\n{result.code}\n{m}")
+    try:
+        assert_same_outputs(actual, expected)
+    except AssertionError as error:
+        raise AssertionError(f"outputs differ:\n{result.code}\n{error}") from None
     for b, a in zip(before_inputs, after_inputs):
         torch.testing.assert_close(a, b, msg=lambda m: f"inputs mutated differently:\n{result.code}\n{m}")
     return result
