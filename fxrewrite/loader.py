@@ -161,7 +161,7 @@ def _load_file(path: Path, names: Mapping[str, Any] | None) -> Iterable[Rule]:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise RuleLoadError(f"cannot read rule file '{path}': {exc}") from exc
-        return parse_rules(text, source=str(path), names=names)
+        return parse_rules(text, source=str(path), names=names, cached=True)
     return _rules_of_module(_import(path), path)
 
 

@@ -24,17 +24,20 @@ from .scope import DEFAULT_NAMES, RESERVED_WORDS
 __all__ = ["DEFAULT_NAMES", "RESERVED_WORDS", "compile_rules", "parse", "parse_rules"]
 
 
-def parse_rules(text: str, *, source: str = "<string>", names: Mapping[str, Any] | None = None) -> RuleSet:
+def parse_rules(text: str, *, source: str = "<string>", names: Mapping[str, Any] | None = None,
+                cached: bool = False) -> RuleSet:
     """The :class:`~fxrewrite.rule.RuleSet` written in ``text``, in the fxrewrite rule language.
 
     ``source`` names the text in messages and in each rule's ``origin`` (``source:line``);
     ``names`` adds the caller's own objects to the names a rule may use (e.g. a function the
     replacements call). Raises :class:`~fxrewrite.errors.RuleSyntaxError` when the text does
     not parse and :class:`~fxrewrite.errors.RuleDefinitionError` when a rule is invalid.
+    ``cached=True`` lets the parse come from the user's cache (see :func:`.parse.parse`); every
+    rule is built and checked all the same.
     """
     if not isinstance(text, str):
         from ..errors import RuleDefinitionError
 
         raise RuleDefinitionError(f"parse_rules takes the text of a rule file (a str), got {type(text).__name__}.")
     text = text.removeprefix("\ufeff")  # a byte-order mark left by some editors
-    return compile_rules(parse(text, source=source), names=names)
+    return compile_rules(parse(text, source=source, cached=cached), names=names)

@@ -33,15 +33,24 @@ __all__ = ["MAX_DEPTH", "parse", "syntax_error"]
 MAX_DEPTH = 100
 
 
-def parse(text: str, *, source: str = "<string>") -> ast.RuleFile:
+def parse(text: str, *, source: str = "<string>", cached: bool = False) -> ast.RuleFile:
     """Parse the text of a rule file. ``source`` names it in messages and rule origins.
 
-    Raises :class:`RuleSyntaxError` (with ``filename``, ``lineno``, ``offset`` and ``text``
-    set) when ``text`` is not a rule file.
+    ``cached=True`` (the loader's choice for rule files) takes the parse of the same text from
+    the user's cache when an entry there can be trusted (:mod:`fxrewrite._cache`), and caches a
+    fresh parse; the result is the same either way. Raises :class:`RuleSyntaxError` (with
+    ``filename``, ``lineno``, ``offset`` and ``text`` set) when ``text`` is not a rule file.
     """
+    from .. import _cache
+
+    if cached and (hit := _cache.load_rule_file(text, source)) is not None:
+        return hit
     from ._syntax import rule_file  # imports lark: only when a text is parsed
 
-    return rule_file(ast.SourceText(source, text))
+    parsed = rule_file(ast.SourceText(source, text))
+    if cached:
+        _cache.store_rule_file(parsed)
+    return parsed
 
 
 def syntax_error(src: ast.SourceText, line: int, column: int, sentence: str) -> RuleSyntaxError:

@@ -1,0 +1,213 @@
+"""A content-addressed cache of parsed rule files, so a process that loads an unchanged ``.fxr``
+file neither imports lark nor parses the file.
+
+What is cached is the *parse* only, the :class:`~fxrewrite.dsl.ast.RuleFile` of a text. Every
+rule is still built from it as it would be from a fresh parse: names resolved, patterns traced,
+every check of a rule run, errors carrying ``file:line``. A text that does not parse is never
+cached, so its syntax error is found again, by the parser.
+
+An entry is trusted only as far as its key reaches: the key is the SHA-256 of the text, of the
+parser's own sources (``grammar.lark``, ``parse.py``, ``_syntax.py``, ``_to_ast.py``, ``ast.py``:
+an edited grammar never meets an old parse), and of the versions of fxrewrite, torch, lark and
+Python. An entry is a pickle read back by an unpickler that builds only the classes of
+:mod:`fxrewrite.dsl.ast` (loading it runs no code, as loading a ``.fxr`` file runs none), and it
+must hold the very text being loaded. Whatever is wrong with an entry (missing, truncated, another
+key, another text, another type) makes the load a miss: the text is parsed, a debug message
+says why, and the entry is rewritten. ``tests/test_cache.py`` checks that every entry equals a
+fresh parse.
+
+Where: ``$XDG_CACHE_HOME/fxrewrite`` (default ``~/.cache/fxrewrite``), never in the package
+directory; ``FXREWRITE_CACHE=0`` turns the cache off. A directory that cannot be written makes
+the cache silently read-only.
+
+>>> import os, tempfile
+>>> saved = os.environ.get("XDG_CACHE_HOME")
+>>> os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp()
+>>> text = "rule double_neg:\\n    torch.neg(torch.neg(x)) => x\\n"
+>>> load_rule_file(text, "a.fxr") is None  # nothing cached yet
+True
+>>> from fxrewrite.dsl.parse import parse
+>>> store_rule_file(parse(text, source="a.fxr"))
+>>> load_rule_file(text, "b.fxr").source.name  # keyed by the text; the name is the caller's
+'b.fxr'
+>>> _ = os.environ.pop("XDG_CACHE_HOME") if saved is None else os.environ.update(XDG_CACHE_HOME=saved)
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import io
+import logging
+import os
+import pickle
+import re
+import sys
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .dsl.ast import RuleFile
+
+__all__ = ["ENABLE_VARIABLE", "MAX_ENTRIES", "directory", "entries", "load_rule_file", "read_entry",
+           "rule_file_key", "store_rule_file"]
+
+logger = logging.getLogger(__name__)
+
+#: The environment variable that turns the cache off when set to ``0`` (or ``false``, ``no``, ``off``).
+ENABLE_VARIABLE = "FXREWRITE_CACHE"
+
+#: Entries kept; beyond it, writing an entry removes the least recently written ones.
+MAX_ENTRIES = 512
+
+_FORMAT = b"fxrewrite-ast-1\n"
+_SUFFIX = ".ast"
+_PARSER_SOURCES = ("dsl/grammar.lark", "dsl/parse.py", "dsl/_syntax.py", "dsl/_to_ast.py", "dsl/ast.py")
+
+
+def directory() -> Path | None:
+    """The cache directory, or ``None`` when ``FXREWRITE_CACHE=0`` turns the cache off."""
+    if os.environ.get(ENABLE_VARIABLE, "1").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "fxrewrite"
+
+
+def rule_file_key(text: str) -> str:
+    """The key of the parse of ``text``: see the module docstring."""
+    digest = hashlib.sha256(_environment_fingerprint().encode())
+    digest.update(text.encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()
+
+
+def load_rule_file(text: str, source: str) -> RuleFile | None:
+    """The cached parse of ``text``, named ``source``; ``None`` when there is none to trust (the
+    reason is logged at debug level)."""
+    folder = directory()
+    if folder is None:
+        return None
+    key = rule_file_key(text)
+    path = folder / f"{key}{_SUFFIX}"
+    try:
+        entry = read_entry(path)
+    except FileNotFoundError:
+        return None
+    except Exception as exc:
+        logger.debug("ignoring the cached parse %s (%s: %s); parsing %s", path, type(exc).__name__, exc, source)
+        return None
+    problem = _mismatch(entry, key, text)
+    if problem:
+        logger.debug("ignoring the cached parse %s (%s); parsing %s", path, problem, source)
+        return None
+    import attrs
+
+    from .dsl.ast import SourceText
+
+    return attrs.evolve(entry[1], source=SourceText(source, text))
+
+
+def store_rule_file(rule_file: RuleFile) -> None:
+    """Cache the parse ``rule_file`` of its text (no-op when the cache is off or not writable)."""
+    folder = directory()
+    if folder is None:
+        return
+    key = rule_file_key(rule_file.source.text)
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        data = _FORMAT + pickle.dumps((key, rule_file), protocol=pickle.HIGHEST_PROTOCOL)
+        _write_atomically(folder, f"{key}{_SUFFIX}", data)
+        _prune(folder)
+    except OSError as exc:
+        logger.debug("cannot write the parse of %s to the cache %s: %s", rule_file.source.name, folder, exc)
+
+
+def _write_atomically(folder: Path, name: str, data: bytes) -> None:
+    """Write ``folder/name`` so that a reader sees the old file or the whole new one."""
+    handle, temporary = tempfile.mkstemp(dir=folder, prefix=".", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(data)
+        os.replace(temporary, folder / name)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def entries() -> list[Path]:
+    """The cache's entry files, sorted (empty when the cache is off or empty)."""
+    folder = directory()
+    if folder is None or not folder.is_dir():
+        return []
+    return sorted(folder.glob(f"*{_SUFFIX}"))
+
+
+def read_entry(path: Path) -> tuple[str, Any]:
+    """``(key, value)`` of an entry file, read by an unpickler that builds AST classes only.
+    Raises ``OSError`` when it cannot be read and ``ValueError``/``pickle.UnpicklingError``
+    (or whatever a damaged pickle raises) when it is not an entry."""
+    data = path.read_bytes()
+    if not data.startswith(_FORMAT):
+        raise ValueError("not an fxrewrite cache entry of this format")
+    entry = _AstUnpickler(io.BytesIO(data[len(_FORMAT):])).load()
+    if not (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], str)):
+        raise ValueError("not a (key, value) pair")
+    return entry
+
+
+def _mismatch(entry: tuple[str, Any], key: str, text: str) -> str | None:
+    from .dsl.ast import RuleFile
+
+    stored_key, value = entry
+    if stored_key != key:
+        return "it was stored under another key"
+    if not isinstance(value, RuleFile):
+        return f"it holds a {type(value).__name__}, not a RuleFile"
+    if value.source.text != text:
+        return "it is the parse of another text"
+    return None
+
+
+class _AstUnpickler(pickle.Unpickler):
+    """Builds the classes of :mod:`fxrewrite.dsl.ast` (and ``...``), nothing else: a cache entry
+    cannot run code."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        from .dsl import ast
+
+        if module == ast.__name__ and name in ast.__all__ and isinstance(getattr(ast, name), type):
+            return getattr(ast, name)
+        if (module, name) == ("builtins", "Ellipsis"):
+            return Ellipsis
+        raise pickle.UnpicklingError(f"a cache entry may hold AST nodes only, not {module}.{name}")
+
+
+@functools.cache
+def _environment_fingerprint() -> str:
+    """What a parse depends on besides the text: the parser's sources and the versions around it."""
+    package = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for name in _PARSER_SOURCES:
+        digest.update(name.encode() + b"\0" + (package / name).read_bytes() + b"\0")
+    from . import __version__
+
+    torch = sys.modules.get("torch")
+    versions = (__version__, getattr(torch, "__version__", "-"), _lark_version(), sys.version)
+    return digest.hexdigest() + "|" + "|".join(str(v) for v in versions)
+
+
+def _lark_version() -> str:
+    """lark's ``__version__``, read from its source so that lark is not imported."""
+    spec = importlib.util.find_spec("lark")
+    if spec is None or spec.origin is None:
+        return "-"
+    found = re.search(r"__version__\s*(?::\s*str\s*)?=\s*['\"]([^'\"]+)", Path(spec.origin).read_text(encoding="utf-8"))
+    return found.group(1) if found else hashlib.sha256(Path(spec.origin).read_bytes()).hexdigest()
+
+
+def _prune(folder: Path) -> None:
+    """Keep the :data:`MAX_ENTRIES` most recently written entries."""
+    found = sorted(folder.glob(f"*{_SUFFIX}"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for stale in found[MAX_ENTRIES:]:
+        stale.unlink(missing_ok=True)

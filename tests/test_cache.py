@@ -1,0 +1,218 @@
+"""fxrewrite._cache: parsed rule files cached by content, never trusted blindly."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import fxrewrite
+from fxrewrite import RuleSyntaxError, _cache
+from fxrewrite.dsl.parse import parse
+from fxrewrite.loader import load_rules
+
+ROOT = Path(__file__).resolve().parent.parent
+TEXT = "rule double_neg \"Replaces -(-x) by x.\":\n    torch.neg(torch.neg(x)) => x\n"
+
+
+@pytest.fixture
+def cache_home(monkeypatch, tmp_path):
+    """A cache of its own, on."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv(_cache.ENABLE_VARIABLE, raising=False)
+    return tmp_path / "xdg" / "fxrewrite"
+
+
+def fresh_parse(text: str, source: str):
+    from fxrewrite.dsl._syntax import rule_file
+    from fxrewrite.dsl.ast import SourceText
+
+    return rule_file(SourceText(source, text))
+
+
+def assert_same_parse(cached, fresh) -> None:
+    assert cached == fresh
+    assert repr(cached) == repr(fresh)  # 1, 1.0 and True are equal; their reprs are not
+
+
+def trusted_entries():
+    """The entries the cache would hand out now (stored under the key of their own text)."""
+    for path in _cache.entries():
+        key, value = _cache.read_entry(path)
+        if key == _cache.rule_file_key(value.source.text) and path.stem == key:
+            yield value
+
+
+# ---- where the cache is --------------------------------------------------------------------------
+
+
+def test_the_cache_lives_in_the_user_cache_directory(monkeypatch, tmp_path):
+    monkeypatch.delenv(_cache.ENABLE_VARIABLE, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert _cache.directory() == tmp_path / "fxrewrite"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert _cache.directory() == tmp_path / "home" / ".cache" / "fxrewrite"
+    package = Path(fxrewrite.__file__).resolve().parent
+    assert package not in _cache.directory().resolve().parents
+
+
+@pytest.mark.parametrize("value", ["0", "false", "off", "no"])
+def test_fxrewrite_cache_0_turns_it_off(monkeypatch, tmp_path, value):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv(_cache.ENABLE_VARIABLE, value)
+    assert _cache.directory() is None
+    (tmp_path / "r.fxr").write_text(TEXT)
+    assert load_rules(tmp_path / "r.fxr").names == ("double_neg",)
+    assert not (tmp_path / "fxrewrite").exists() and _cache.load_rule_file(TEXT, "r.fxr") is None
+
+
+# ---- what is cached, and that it equals a fresh parse --------------------------------------------
+
+
+def test_loading_a_rule_file_caches_its_parse_and_the_next_load_parses_nothing(cache_home, tmp_path, monkeypatch):
+    path = tmp_path / "r.fxr"
+    path.write_text(TEXT)
+    first = load_rules(path)
+    assert len(_cache.entries()) == 1 and _cache.entries()[0].parent == cache_home
+
+    def no_parsing(src):
+        raise AssertionError(f"{src.name} was parsed although its parse is cached")
+
+    monkeypatch.setattr("fxrewrite.dsl._syntax.rule_file", no_parsing)
+    second = load_rules(path)
+    assert [(r.name, r.origin, r.doc) for r in second] == [(r.name, r.origin, r.doc) for r in first]
+    assert str(second["double_neg"].compiled.graph) == str(first["double_neg"].compiled.graph)
+
+
+def test_a_cached_parse_is_keyed_by_text_and_named_by_the_caller(cache_home):
+    _cache.store_rule_file(parse(TEXT, source="a.fxr"))
+    hit = _cache.load_rule_file(TEXT, "elsewhere/b.fxr")
+    assert hit is not None and hit.source.name == "elsewhere/b.fxr"
+    assert_same_parse(hit, fresh_parse(TEXT, "elsewhere/b.fxr"))
+    assert _cache.load_rule_file(TEXT + "\n", "a.fxr") is None
+
+
+@pytest.mark.slow  # parses the library and the examples twice: 2 s
+def test_every_cached_parse_equals_a_fresh_parse(cache_home):
+    """The library's and the examples' rule files go through the cache; then every entry the cache
+    would hand out (of this directory, and of the user's own cache if it has any) is compared with
+    a fresh parse of its text."""
+    load_rules()
+    for folder in sorted((ROOT / "examples").glob("*_rules")):
+        load_rules(folder)
+    entries = list(trusted_entries())
+    assert len(entries) >= len(list(ROOT.glob("rules/*.fxr")))
+    for entry in entries:
+        assert_same_parse(entry, fresh_parse(entry.source.text, entry.source.name))
+
+
+def test_the_user_cache_holds_no_entry_that_differs_from_a_fresh_parse():
+    for entry in trusted_entries():  # the real cache directory of whoever runs the tests
+        assert_same_parse(entry, fresh_parse(entry.source.text, entry.source.name))
+
+
+def test_a_text_that_does_not_parse_is_never_cached_and_fails_on_every_load(cache_home, tmp_path):
+    path = tmp_path / "bad.fxr"
+    path.write_text("rule r:\n    torch.neg(x) x\n")
+    for _ in range(2):
+        with pytest.raises(RuleSyntaxError, match=r"bad.fxr:2:18: expected '=>'"):
+            load_rules(path)
+    assert _cache.entries() == []
+
+
+def test_rules_built_from_a_cached_parse_are_checked_as_from_a_fresh_one(cache_home, tmp_path):
+    path = tmp_path / "unused.fxr"
+    path.write_text("rule r:\n    torch.neg(torch.relu(x)) => torch.relu(y)\n")
+    for _ in range(2):  # the second load takes the parse from the cache; the rule is refused again
+        with pytest.raises(fxrewrite.RuleDefinitionError, match=r"unused.fxr:2"):
+            load_rules(path)
+    assert len(_cache.entries()) == 1
+
+
+# ---- never trusted blindly -------------------------------------------------------------------------
+
+
+def _entry_path() -> Path:
+    return _cache.directory() / f"{_cache.rule_file_key(TEXT)}.ast"
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (lambda data: b"", "not an fxrewrite cache entry"),
+    (lambda data: data[: len(data) // 2], "Error"),
+    (lambda data: data.replace(b"fxrewrite-ast-1", b"fxrewrite-ast-0"), "not an fxrewrite cache entry"),
+    (lambda data: b"fxrewrite-ast-1\n" + pickle.dumps(("k", print)), "AST nodes only, not builtins.print"),
+    (lambda data: b"fxrewrite-ast-1\n" + pickle.dumps([1, 2]), "not a (key, value) pair"),
+], ids=["empty", "truncated", "other format", "code", "not an entry"])
+def test_a_damaged_entry_is_ignored_with_a_debug_message_and_rewritten(cache_home, caplog, damage, reason):
+    _cache.store_rule_file(parse(TEXT, source="a.fxr"))
+    path = _entry_path()
+    path.write_bytes(damage(path.read_bytes()))
+    with caplog.at_level(logging.DEBUG, logger="fxrewrite._cache"):
+        assert _cache.load_rule_file(TEXT, "a.fxr") is None
+        rules = fxrewrite.parse_rules(TEXT, source="a.fxr", cached=True)
+    assert rules.names == ("double_neg",)
+    assert reason in caplog.text and "parsing a.fxr" in caplog.text
+    assert_same_parse(_cache.load_rule_file(TEXT, "a.fxr"), fresh_parse(TEXT, "a.fxr"))
+
+
+@pytest.mark.parametrize("entry, reason", [
+    (lambda key, value: ("0" * 64, value), "stored under another key"),
+    (lambda key, value: (key, value.rules[0]), "holds a RuleDef, not a RuleFile"),
+    (lambda key, value: (key, fresh_parse(TEXT.replace("neg", "abs"), "a.fxr")), "the parse of another text"),
+], ids=["stale key", "wrong type", "other text"])
+def test_an_entry_that_is_not_the_parse_of_this_text_is_ignored(cache_home, caplog, entry, reason):
+    _cache.store_rule_file(parse(TEXT, source="a.fxr"))
+    path = _entry_path()
+    key, value = _cache.read_entry(path)
+    path.write_bytes(b"fxrewrite-ast-1\n" + pickle.dumps(entry(key, value)))
+    with caplog.at_level(logging.DEBUG, logger="fxrewrite._cache"):
+        assert _cache.load_rule_file(TEXT, "a.fxr") is None
+    assert reason in caplog.text
+
+
+def test_the_key_changes_with_the_versions_and_the_parser(monkeypatch):
+    before = _cache.rule_file_key(TEXT)
+    monkeypatch.setattr(fxrewrite, "__version__", "999.0")
+    _cache._environment_fingerprint.cache_clear()
+    try:
+        assert _cache.rule_file_key(TEXT) != before
+    finally:
+        monkeypatch.undo()
+        _cache._environment_fingerprint.cache_clear()
+    assert _cache.rule_file_key(TEXT) == before
+    assert "grammar.lark" in " ".join(_cache._PARSER_SOURCES) and "_to_ast.py" in " ".join(_cache._PARSER_SOURCES)
+
+
+def test_a_cache_that_cannot_be_written_is_read_only_and_silent(monkeypatch, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))  # a file where the directory should be
+    monkeypatch.delenv(_cache.ENABLE_VARIABLE, raising=False)
+    _cache.store_rule_file(parse(TEXT, source="a.fxr"))
+    assert _cache.load_rule_file(TEXT, "a.fxr") is None and _cache.entries() == []
+
+
+def test_old_entries_beyond_the_limit_are_removed(cache_home, monkeypatch):
+    monkeypatch.setattr(_cache, "MAX_ENTRIES", 3)
+    for i in range(5):
+        _cache.store_rule_file(parse(TEXT.replace("double_neg", f"r{i}"), source="a.fxr"))
+    assert len(_cache.entries()) == 3
+
+
+@pytest.mark.slow  # two fresh processes
+def test_a_cold_process_loads_the_cached_library_without_lark(cache_home):
+    script = textwrap.dedent("""
+        import sys, fxrewrite
+        rules = fxrewrite.load_rules()
+        print(len(rules), 'lark' in sys.modules)
+    """)
+    runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+            for _ in range(2)]
+    count = len(load_rules())
+    assert [r.stdout.split() for r in runs] == [[str(count), "True"], [str(count), "False"]], runs[1].stderr
