@@ -42,6 +42,7 @@ from torch.fx.node import Node, map_aggregate
 
 from ._logs import quieted
 from .canon import attribute_at, canonical_arguments, is_commutative_call, op_key_of
+from .domain import Domain
 from .errors import FxRewriteError
 from .match import Match, match_at
 from .meta import propagate_inputs, record_values
@@ -210,11 +211,19 @@ def _start_graph(rule: Rule, literals: Mapping[str, Any],
     return fx.GraphModule(root, graph), env[pattern.anchor]
 
 
+def _domain(rule: Rule) -> Domain:
+    """The rule's declared domain, or the default one (the checker's defaults: one authority)."""
+    return rule.domain if rule.domain is not None else _DEFAULT_DOMAIN
+
+
+_DEFAULT_DOMAIN = Domain()
+
+
 def _literal_choices(rule: Rule) -> list[dict[str, Any]]:
     """A few assignments of the literal captures: the i-th declared value of each (declared
     values often go together), the probe values otherwise (the j-th capture starting j values
     later, so that two captures of one type differ)."""
-    declared = (rule.domain or {}).get("literals", {})
+    declared = _domain(rule).literals
     choices: dict[str, tuple[Any, ...]] = {}
     shift: dict[str, int] = {}
     for param in rule.compiled.params:
@@ -239,7 +248,7 @@ def _modules_for(rule: Rule, width: int) -> dict[str, nn.Module] | None:
         return {}
     from .testing._nn_modules import default_module  # imported lazily: builds torch.nn modules for captures
 
-    declared = (rule.domain or {}).get("modules", {})
+    declared = _domain(rule).modules
     out = {}
     for param in captures:
         source = declared.get(param.name)
@@ -255,9 +264,9 @@ def _modules_for(rule: Rule, width: int) -> dict[str, nn.Module] | None:
 
 
 def _probe_shape(rule: Rule, param: Param, rank: int, side: int, modules: Mapping[str, nn.Module]) -> tuple[int, ...]:
-    own = (rule.domain or {}).get("inputs", {}).get(param.name, {})
-    if "shape" in own:
-        return tuple(own["shape"])
+    own = _domain(rule).tensor_domain(param.name).shape
+    if own is not None:
+        return own
     shape: tuple[int, ...] = (side,) * rank
     placeholder = rule.compiled.placeholders[param.name]
     consumers = [u for u in placeholder.users if u.op == "call_module" and u.args and u.args[0] is placeholder]
@@ -269,22 +278,20 @@ def _probe_shape(rule: Rule, param: Param, rank: int, side: int, modules: Mappin
 
 
 def _probe_dtypes(rule: Rule) -> tuple[torch.dtype, ...]:
-    declared = (rule.domain or {}).get("dtypes")
-    if declared is None:
-        return _PROBE_DTYPES
-    return (declared,) if isinstance(declared, torch.dtype) else tuple(declared)
+    domain = _domain(rule)
+    return domain.dtypes if "dtypes" in domain else _PROBE_DTYPES
 
 
 def _probe_inputs(rule: Rule, dtype: torch.dtype, ranks: Mapping[str, int],
                   modules: Mapping[str, nn.Module]) -> dict[str, Any]:
-    low, high = (rule.domain or {}).get("sides", (1, 3))
+    low, high = _domain(rule).sides
     side = min(max(2, low), high)
     out = {}
     for param in rule.compiled.params:
         if param.kind == "tensor":
             rank = ranks[param.name]
-            own = (rule.domain or {}).get("inputs", {}).get(param.name, {}).get("dtypes")
-            own_dtype = (own if isinstance(own, torch.dtype) else own[0]) if own else dtype
+            own = _domain(rule).tensor_domain(param.name).dtypes
+            own_dtype = own[0] if own else dtype
             out[param.name] = torch.ones(_probe_shape(rule, param, rank, side, modules), dtype=own_dtype)
     return out
 
@@ -292,7 +299,7 @@ def _probe_inputs(rule: Rule, dtype: torch.dtype, ranks: Mapping[str, int],
 def _probe_ranks(rule: Rule) -> list[dict[str, int]]:
     """Ranks of the tensor arguments to probe: all equal first; then, for up to three tensors,
     some of them vectors (a bias, a scale)."""
-    low, high = (rule.domain or {}).get("ranks", (0, 4))
+    low, high = _domain(rule).ranks
     names = [p.name for p in rule.compiled.params if p.kind == "tensor"]
     ranks = [r for r in _PROBE_RANKS if low <= r <= high]
     out = [{name: r for name in names} for r in ranks]

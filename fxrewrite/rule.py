@@ -37,6 +37,7 @@ from typing import Any, Union
 
 import attrs
 
+from .domain import Domain, Tolerance
 from .errors import MetadataError, RewriteError, RuleDefinitionError, RuleWarning
 from .pattern import Param, Pattern, trace_pattern
 from .report import NO_METADATA
@@ -115,6 +116,12 @@ def _guards(where: Guard | Iterable[Guard] | None, context: str) -> tuple[Guard,
     return guards
 
 
+def _declaration(value: Mapping[str, Any] | None) -> Any:
+    """What ``Rule(tolerance=..., domain=...)`` (and ``attrs.evolve``) take: a dict or the typed
+    value; ``Rule.__attrs_post_init__`` parses it, where the rule's name and origin are known."""
+    return value
+
+
 @attrs.frozen(eq=False)
 class Rule:
     """A rewrite rule: wherever ``pattern`` occurs, compute ``replacement`` instead.
@@ -122,7 +129,15 @@ class Rule:
     Build one with :meth:`from_functions` or the :func:`rule` decorator. ``compiled`` is the
     traced :class:`~fxrewrite.pattern.Pattern`; ``origin`` is the ``file:line`` of the
     definition; ``tolerance``, ``domain`` and ``numerics`` (the numerics contract, see
-    :data:`NUMERICS`) are declarations read by :mod:`fxrewrite.testing`.
+    :data:`NUMERICS`) are declarations read by :mod:`fxrewrite.testing`. ``tolerance`` and
+    ``domain`` are typed (:class:`~fxrewrite.domain.Tolerance`, :class:`~fxrewrite.domain.Domain`,
+    both still read like the dicts they were declared as), validated when the rule is built, also
+    through ``attrs.evolve``; ``None`` when not declared.
+
+    >>> Rule.from_functions(lambda x: -x, lambda x: -x, name="r", domain={"rank": (1, 2)})  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    fxrewrite.errors.RuleDefinitionError: rule 'r' (...): unknown domain key(s) ['rank'] (did you mean 'ranks'?); ...
     """
 
     name: str
@@ -133,9 +148,18 @@ class Rule:
     priority: int = 0
     doc: str | None = None
     origin: str = "<unknown>"
-    tolerance: Mapping[str, float] | None = None
-    domain: Mapping[str, Any] | None = None
+    tolerance: Tolerance | None = attrs.field(default=None, converter=_declaration)
+    domain: Domain | None = attrs.field(default=None, converter=_declaration)
     numerics: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        context = f"rule '{self.name}' ({self.origin})"
+        if self.tolerance is not None and not isinstance(self.tolerance, Tolerance):
+            object.__setattr__(self, "tolerance", Tolerance.parse(self.tolerance, where=context))
+        if self.domain is not None and not isinstance(self.domain, Domain):
+            domain = Domain.parse(self.domain, where=context)
+            domain.check_names({p.name: p.kind for p in self.compiled.params}, context)
+            object.__setattr__(self, "domain", domain)
 
     @classmethod
     def from_functions(
@@ -168,10 +192,14 @@ class Rule:
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise RuleDefinitionError(f"{context}: priority must be an int, got {priority!r}.")
         contract = parse_numerics(numerics, context)
+        declared_tolerance = Tolerance.parse(tolerance, where=context) if tolerance is not None else None
+        declared_domain = Domain.parse(domain, where=context) if domain is not None else None
         if contract not in (None, "tolerance") and tolerance:
             raise RuleDefinitionError(f"{context}: numerics={contract!r} and tolerance= both say how close is close "
                                       f"enough; declare one (a tolerance goes with numerics='tolerance').")
         compiled = trace_pattern(pattern, rule_name=name, origin=origin)
+        if declared_domain is not None:
+            declared_domain.check_names({p.name: p.kind for p in compiled.params}, context)
         _check_replacement_signature(compiled.params, replacement, context)
         _warn_if_replacement_drops_tensors(compiled, replacement, context)
         return cls(
@@ -183,8 +211,8 @@ class Rule:
             priority=priority,
             doc=doc if doc is not None else _first_doc_line(pattern),
             origin=origin,
-            tolerance=tolerance,
-            domain=domain,
+            tolerance=declared_tolerance,
+            domain=declared_domain,
             numerics=contract,
         )
 

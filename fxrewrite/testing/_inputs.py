@@ -54,36 +54,15 @@ def plan_inputs(rule: Rule, *, domain: Mapping[str, Any] | None = None) -> Input
         consumers=_module_consumers(rule),
         harness=GuardHarness(rule) if rule.where else None,
     )
-    _check_declared_names(plan)
+    parsed.check_names({p.name: p.kind for p in params}, where)
     for param in plan.modules:
         _check_module_source(plan, param)
     configs, failure = _probe(plan)
     return attrs.evolve(plan, configs=configs, probe_failure=failure)
 
 
-def _check_declared_names(plan: InputPlan) -> None:
-    """A name in ``literals``, ``modules`` or ``inputs`` that is a parameter must be one of that
-    kind. Other names are ignored, so that one domain dict can serve several rules."""
-    kinds = {p.name: p.kind for p in plan.rule.compiled.params}
-    for key, kind in (("literals", "literal"), ("modules", "module"), ("inputs", "tensor")):
-        wrong = sorted(name for name in getattr(plan.domain, key) if kinds.get(name, kind) != kind)
-        if wrong:
-            found = ", ".join(f"'{name}' is a {kinds[name]} parameter" for name in wrong)
-            raise RuleDefinitionError(
-                f"{plan.where}: domain['{key}'] is for {kind} parameters, but {found}; move it to "
-                f"domain['{_DOMAIN_KEY_OF_KIND[kinds[wrong[0]]]}'].")
-
-
-_DOMAIN_KEY_OF_KIND = {"literal": "literals", "module": "modules", "tensor": "inputs"}
-
-
 def _check_module_source(plan: InputPlan, param: Param) -> None:
-    source = plan.domain.modules.get(param.name)
-    if source is not None:
-        if not (callable(source) or isinstance(source, SearchStrategy)):
-            raise RuleDefinitionError(
-                f"{plan.where}: domain['modules']['{param.name}'] must be a zero-argument factory "
-                f"(e.g. lambda: nn.Conv2d(3, 4, 3)) or a strategy of modules, got {source!r}.")
+    if plan.domain.modules.get(param.name) is not None:  # a factory or a strategy: Domain.parse checked it
         return
     if default_module(param.annotation, width=2, kernel=1, bias=True) is None:
         cls = param.annotation.__name__

@@ -19,10 +19,7 @@ import hypothesis.strategies as st
 import torch
 from hypothesis.strategies import SearchStrategy
 
-#: Tensor dtypes drawn when a rule's domain does not say (add float16/bfloat16 in ``domain``).
-DEFAULT_DTYPES: tuple[torch.dtype, ...] = (
-    torch.float32, torch.float64, torch.int64, torch.int32, torch.uint8, torch.bool,
-)
+from ..domain import DEFAULT_DTYPES
 
 
 def _width(dtype: torch.dtype) -> int:
