@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 import torch
 
+from ..domain import Domain
 from ..errors import RuleDefinitionError
 from ..pattern import LITERAL_TYPES
 from ..rule import Rule, RuleSet, parse_numerics
@@ -326,6 +327,16 @@ class _Declarations:
         for part in key[1:-1]:
             table = table.setdefault(part, {})
         table[key[-1]] = value
+        if key[0] == "domain":
+            self._validate_domain(span)
+
+    def _validate_domain(self, span: ast.Span) -> None:
+        """Validate the domain read so far at the line that set its last setting: a bad value is
+        reported where it is written, as Python rules get it from ``Rule.from_functions``."""
+        try:
+            Domain.parse(self.domain, where="@")
+        except RuleDefinitionError as exc:
+            raise self.ctx.error(span, str(exc).removeprefix("@: ")) from None
 
     def _numerics(self, d: ast.Declaration) -> None:
         if ("numerics",) in self._lines:
@@ -522,13 +533,11 @@ def _guard(ctx: _RuleContext, condition: ast.Condition, params: Sequence[str]) -
 # ---- expressions ---------------------------------------------------------------------------------
 
 
-class _Compiler:
-    """Compiles the expressions of one side of a rule (``pattern``, ``replacement`` or ``where``)
-    into closures over a :class:`_Frame`, checking every name and attribute on the way.
-
-    The pattern compiler records the rule's variables in the order Python would first evaluate
-    them (a callee before its arguments, left to right); the other sides may only read those.
-    """
+class _CompilerBase:
+    """What the compilers of one side of a rule share: the side, the variables found, the lets
+    used, and the walk that orders them; :meth:`compile` dispatches on the node's type to a
+    ``_<node type>`` method of the subclasses (:class:`_NameCompiler` for names, attributes and
+    paths; :class:`_ExpressionCompiler` for calls, operators, containers and literals)."""
 
     def __init__(self, ctx: _RuleContext, side: str, params: Sequence[str] | None = None) -> None:
         self.ctx = ctx
@@ -591,7 +600,15 @@ class _Compiler:
     def _all(self, nodes: Sequence[ast.Expr], visible: int) -> list[Closure]:
         return [self.compile(n, visible) for n in nodes]
 
-    # -- names -------------------------------------------------------------------------------
+    def _side_name(self) -> str:
+        return {"pattern": "pattern", "replacement": "replacement", "where": "where condition",
+                "declaration": "tolerance or domain value", "module": "module a domain line builds"}[self.side]
+
+
+class _NameCompiler(_CompilerBase):
+    """Names, attributes and dotted paths: which a side may read (a let, a name in scope, a
+    variable the pattern binds), each checked when compiled."""
+
     def _name(self, node: ast.Name, visible: int) -> Closure:
         name = node.id
         if name in self.ctx.lets:
@@ -645,10 +662,6 @@ class _Compiler:
         hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
         return (f"unknown name '{name}': it is not in scope ({shown(self.ctx.scope.roots)}), and only names "
                 f"starting with a lower-case letter are variables. Pass it with names= or add a 'use' line.{hint}")
-
-    def _side_name(self) -> str:
-        return {"pattern": "pattern", "replacement": "replacement", "where": "where condition",
-                "declaration": "tolerance or domain value", "module": "module a domain line builds"}[self.side]
 
     # -- attributes and paths ----------------------------------------------------------------
     def _attribute(self, node: ast.Attribute, visible: int) -> Closure:
@@ -714,7 +727,10 @@ class _Compiler:
                                                  f"cannot be inspected in the pattern; read it in the replacement "
                                                  f"or in a where condition.")
 
-    # -- calls -------------------------------------------------------------------------------
+
+class _ExpressionCompiler(_CompilerBase):
+    """Calls, operators, containers and literals: what each side may compute with them."""
+
     def _call(self, node: ast.Call, visible: int) -> Closure:
         self._check_callee(node)
         func = self.compile(node.func, visible)
@@ -756,7 +772,6 @@ class _Compiler:
         if isinstance(func, ast.Literal):
             raise self.ctx.error(func.span, f"{func.value!r} is not a function; is an operator missing before "
                                             f"the '('?")
-
 
     # -- operators ---------------------------------------------------------------------------
     def _binop(self, node: ast.BinOp, visible: int) -> Closure:
@@ -846,6 +861,15 @@ class _Compiler:
     def _literal(self, node: ast.Literal, visible: int) -> Closure:
         value = node.value
         return lambda frame: value
+
+
+class _Compiler(_NameCompiler, _ExpressionCompiler):
+    """Compiles the expressions of one side of a rule (``pattern``, ``replacement`` or ``where``)
+    into closures over a :class:`_Frame`, checking every name and attribute on the way.
+
+    The pattern compiler records the rule's variables in the order Python would first evaluate
+    them (a callee before its arguments, left to right); the other sides may only read those.
+    """
 
 
 # ---- operator semantics --------------------------------------------------------------------------
