@@ -26,11 +26,28 @@ merely drawn are not rewound); the global ``nn.Module`` hook dictionaries of
 ``torch.nn.modules.module`` (forward, forward-pre, backward, backward-pre, and
 module/parameter/buffer registration hooks), restored in place so hook handles stay valid.
 
-Process-wide state (hooks, dtype, threads, print options, seed, ...) is put back as it was when
-the block began, so a change another thread makes to it *during* the block is undone as well:
-keep blocks short (tracing one pattern takes milliseconds). Thread-local state (grad,
-inference and autocast modes, the torch-function mode stack, the default device) is only ever
-this thread's.
+Only what the block's own thread changed is put back. Each item is one of two kinds:
+
+* **Thread-local** (torch keeps one per thread, so another thread's change is never seen here):
+  the torch-function mode stack, the default-device slot, inference mode, grad mode, CPU autocast,
+  autograd multithreading.
+* **Process-wide** (one slot for the whole process, with no record of which thread wrote it): the
+  default device of device modes, default dtype, anomaly mode, print options, deterministic
+  algorithms and their debug mode, the number of threads (per thread under OpenMP, per process
+  with torch's native pool), float32 matmul precision, ``warn_always``, the random seed, the
+  global hook dictionaries. When no other Python thread is alive as the block begins, every change
+  is the block's own (no other thread exists to make one) and is put back. Otherwise the block's
+  calls are watched on its thread alone (``sys.setprofile`` is per thread; the watch costs about
+  as much again as the traced code, so it is only paid when other threads exist) and a changed
+  item is put back only if this thread called one of its setters (:attr:`_Item.setters`, e.g.
+  ``torch._C._set_default_dtype`` for the default dtype); a hook dictionary loses only the hooks
+  this thread registered (the handles its ``register_module_*`` calls returned) and gets back
+  only those it removed (its calls of a handle's ``remove``). What cannot be attributed, for
+  want of any record of the writer: a change the block made *without* a known setter while other
+  threads are alive (assigning ``torch._tensor_str.PRINT_OPTS.precision``, writing a hook
+  dictionary directly) looks like another thread's, so it is left as it is and named in
+  ``StateChanges.kept`` and in a warning; and a thread that already has a profiler (``cProfile``)
+  is not watched, so its blocks count as alone.
 
 Not preserved (torch offers no way to read it back): ``torch.set_flush_denormal`` and the
 number of inter-op threads (settable once per process). The DSL refuses those calls at load
@@ -44,6 +61,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -67,6 +86,13 @@ class _Item:
     get: Callable[[], Any]
     set: Callable[[Any], object]
     same: Callable[[Any, Any], bool] = attrs.field(default=lambda a, b: bool(a == b))
+    #: For process-wide state: the functions whose call changes it (looked up when needed). The
+    #: item is put back after a block with other threads alive only if the block's thread called
+    #: one. ``None``: the state is thread-local, always the block's own.
+    setters: Callable[[], tuple[Any, ...]] | None = None
+    #: For state shared key by key (the hook dictionaries): put back only the keys the block's
+    #: thread added or removed, from the saved value and the watched calls; True if it changed any.
+    put_back_own: Callable[[Any, _Calls], bool] | None = None
 
 
 # ---- readers and writers -------------------------------------------------------------------------
@@ -160,14 +186,51 @@ def _hook_item(name: str) -> _Item:
         current.clear()
         current.update(saved)
 
+    def put_back_own(saved: dict[Any, Any], calls: _Calls) -> bool:
+        current = getattr(_module_globals, name)
+        added = {k for k in current if k in calls.added_hooks and k not in saved}
+        removed = {k for k in saved if k in calls.removed_hooks and k not in current}
+        if not added and not removed:
+            return False
+        rebuilt = {k: current.get(k, v) for k, v in saved.items() if k in current or k in removed}
+        rebuilt.update((k, v) for k, v in current.items() if k not in saved and k not in added)  # other threads'
+        current.clear()
+        current.update(rebuilt)
+        return True
+
     return _Item(f"nn.Module global hooks ({name})", get, put,
-                 same=lambda a, b: list(a.items()) == list(b.items()))
+                 same=lambda a, b: list(a.items()) == list(b.items()), setters=_hook_setters,
+                 put_back_own=put_back_own)
 
 
 def _global_value_item(name: str) -> _Item:
     """A global of ``torch.nn.modules.module`` that is a plain value (``_global_is_full_backward_hook``)."""
     return _Item(f"nn.Module global hooks ({name})", lambda: getattr(_module_globals, name),
-                 lambda value: setattr(_module_globals, name, value), same=lambda a, b: a is b or a == b)
+                 lambda value: setattr(_module_globals, name, value), same=lambda a, b: a is b or a == b,
+                 setters=_hook_setters)
+
+
+def _hook_registers() -> tuple[Any, ...]:
+    """``register_module_forward_hook`` and the other ``register_module_*`` functions."""
+    return tuple(f for n, f in vars(_module_globals).items() if n.startswith("register_module_") and callable(f))
+
+
+def _hook_setters() -> tuple[Any, ...]:
+    """``register_module_*`` and a hook handle's ``remove``."""
+    import torch.utils.hooks
+
+    return (*_hook_registers(), torch.utils.hooks.RemovableHandle.remove)
+
+
+def _device_mode_setters() -> tuple[Any, ...]:
+    import torch.utils._device as device_module
+
+    return (device_module.DeviceContext.__enter__, device_module.DeviceContext.__exit__, torch.set_default_device)
+
+
+def _seed_setters() -> tuple[Any, ...]:
+    generator = torch.default_generator
+    return (generator.manual_seed, generator.seed, torch.manual_seed, torch.seed)
 
 
 def _seed_and_state() -> tuple[int, torch.Tensor]:
@@ -199,24 +262,33 @@ def _items() -> tuple[_Item, ...]:
     """Everything preserved, in the order it is restored (modes and inference mode before grad
     mode, which leaving inference mode may change). Private torch functions are looked up
     when called, so a torch release that moves one loses that item only (logged), not the rest."""
+    c = torch._C
     return (
         _Item("torch function modes (default device)", _function_modes, _set_function_modes, same=_same_modes),
         _Item("default device", _default_device_slot, _set_default_device_slot, same=lambda a, b: a is b),
-        _Item("default device of device modes", _current_device_of_modes, _set_current_device_of_modes),
+        _Item("default device of device modes", _current_device_of_modes, _set_current_device_of_modes,
+              setters=_device_mode_setters),
         _Item("inference mode", torch.is_inference_mode_enabled, _set_inference_mode),
-        _Item("default dtype", torch.get_default_dtype, torch.set_default_dtype),
+        _Item("default dtype", torch.get_default_dtype, torch.set_default_dtype,
+              setters=lambda: (c._set_default_dtype, c._set_default_tensor_type)),
         _Item("grad mode", torch.is_grad_enabled, torch.set_grad_enabled),
-        _Item("anomaly mode", _anomaly, _set_anomaly),
-        _Item("print options", _print_options, _set_print_options),
-        _Item("deterministic algorithms", _deterministic, _set_deterministic),
-        _Item("deterministic debug mode", torch.get_deterministic_debug_mode, torch.set_deterministic_debug_mode),
-        _Item("number of threads", torch.get_num_threads, torch.set_num_threads),
-        _Item("float32 matmul precision", torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
-        _Item("warn_always", torch.is_warn_always_enabled, torch.set_warn_always),
+        _Item("anomaly mode", _anomaly, _set_anomaly, setters=lambda: (torch.set_anomaly_enabled,)),
+        _Item("print options", _print_options, _set_print_options,
+              setters=lambda: (torch._tensor_str.set_printoptions,)),
+        _Item("deterministic algorithms", _deterministic, _set_deterministic,
+              setters=lambda: (c._set_deterministic_algorithms,)),
+        _Item("deterministic debug mode", torch.get_deterministic_debug_mode, torch.set_deterministic_debug_mode,
+              setters=lambda: (c._set_deterministic_algorithms,)),
+        _Item("number of threads", torch.get_num_threads, torch.set_num_threads,
+              setters=lambda: (torch.set_num_threads,)),
+        _Item("float32 matmul precision", torch.get_float32_matmul_precision, torch.set_float32_matmul_precision,
+              setters=lambda: (c._set_float32_matmul_precision,)),
+        _Item("warn_always", torch.is_warn_always_enabled, torch.set_warn_always,
+              setters=lambda: (c._set_warnAlways,)),
         _Item("CPU autocast", _autocast_cpu, _set_autocast_cpu),
         _Item("autograd multithreading", lambda: torch._C._is_multithreading_enabled(),
               lambda enabled: torch._C._set_multithreading_enabled(enabled)),
-        _Item("random seed", _seed_and_state, _reseed, same=lambda a, b: a[0] == b[0]),
+        _Item("random seed", _seed_and_state, _reseed, same=lambda a, b: a[0] == b[0], setters=_seed_setters),
         *(_hook_item(name) for name in _hook_dict_names()),
         _global_value_item("_global_is_full_backward_hook"),
     )
@@ -236,6 +308,10 @@ class StateChanges:
 
     restored: tuple[str, ...] = ()
     failed: tuple[tuple[str, str], ...] = ()
+    #: Process-wide state that changed during the block, which its thread did not change with a
+    #: known setter while other threads were alive: left as it is (another thread's change, or
+    #: one fxrewrite cannot attribute; see the module's docstring).
+    kept: tuple[str, ...] = ()
 
 
 def _snapshot() -> list[tuple[_Item, Any]]:
@@ -248,29 +324,100 @@ def _snapshot() -> list[tuple[_Item, Any]]:
     return saved
 
 
-def _restore(saved: list[tuple[_Item, Any]], changes: StateChanges) -> None:
+class _Calls:
+    """The functions one thread calls while it is watched (its ``sys.setprofile`` hook: profile
+    hooks are per thread, so other threads' calls are never seen), and the ids of the global
+    hooks it registered and removed."""
+
+    def __init__(self) -> None:
+        import torch.utils.hooks
+
+        self.seen: set[Any] = set()
+        self.added_hooks: set[int | None] = set()
+        self.removed_hooks: set[int | None] = set()
+        self._registers = {f.__code__ for f in _hook_registers() if hasattr(f, "__code__")}
+        self._remove = torch.utils.hooks.RemovableHandle.remove.__code__
+
+    def __call__(self, frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            code = frame.f_code
+            self.seen.add(code)
+            if code is self._remove:
+                self.removed_hooks.add(getattr(frame.f_locals.get("self"), "id", None))
+        elif event == "return":
+            if frame.f_code in self._registers:
+                self.added_hooks.add(getattr(arg, "id", None))
+        elif event == "c_call":
+            with contextlib.suppress(TypeError):  # an unhashable callable is no setter of ours
+                self.seen.add(arg)
+
+    def called_any(self, functions: tuple[Any, ...]) -> bool:
+        return any(getattr(f, "__code__", f) in self.seen for f in functions)
+
+
+#: Watch the block's calls even when no other thread is alive (the differential tests: the watched
+#: path must put back everything the unwatched one does).
+_ALWAYS_WATCH = False
+
+
+def _watch() -> _Calls | None:
+    """Start watching this thread's calls when another Python thread is alive (and this thread
+    has no profiler of its own); ``None`` when every change during the block is this thread's."""
+    if (threading.active_count() == 1 and not _ALWAYS_WATCH) or sys.getprofile() is not None:
+        return None
+    calls = _Calls()
+    sys.setprofile(calls)
+    return calls
+
+
+def _own(item: _Item, calls: _Calls | None) -> bool:
+    """Did the block's thread change ``item`` (which changed during the block)?"""
+    if calls is None or item.setters is None:
+        return True  # alone in the process, or thread-local state
+    try:
+        return calls.called_any(item.setters())
+    except Exception as exc:  # a setter torch moved: this item cannot be attributed
+        _log.debug("cannot look up the setters of %s: %s", item.name, exc)
+        return False
+
+
+def _restore(saved: list[tuple[_Item, Any]], changes: StateChanges, calls: _Calls | None = None) -> None:
     restored: list[str] = []
     failed: list[tuple[str, str]] = []
+    kept: list[str] = []
     for item, value in saved:
         try:
             if item.same(item.get(), value):
                 continue
-            item.set(value)
-            restored.append(item.name)
+            if calls is not None and item.put_back_own is not None:
+                if item.put_back_own(value, calls):
+                    restored.append(item.name)
+                if not item.same(item.get(), value):
+                    kept.append(item.name)
+            elif _own(item, calls):
+                item.set(value)
+                restored.append(item.name)
+            else:
+                kept.append(item.name)
         except Exception as exc:
             failed.append((item.name, f"{type(exc).__name__}: {exc}"))
-    changes.restored, changes.failed = tuple(restored), tuple(failed)
+    changes.restored, changes.failed, changes.kept = tuple(restored), tuple(failed), tuple(kept)
     if restored:
         _log.info("restored global torch state changed by traced code: %s", ", ".join(restored))
     for name, error in failed:
         _log.warning("could not restore %s after traced code changed it: %s", name, error)
+    if kept:
+        _log.warning("left %s as it is: it changed while code was traced, but not by a call fxrewrite knows on the "
+                     "tracing thread, and other threads are running (their change, or a direct assignment by the "
+                     "traced code)", ", ".join(kept))
 
 
 @contextlib.contextmanager
 def torch_state_preserved() -> Iterator[StateChanges]:
     """Run the block, then put back every piece of global torch state in :data:`PRESERVED`
-    that it changed. Never raises by itself (a state that cannot be put back is logged and
-    listed in ``StateChanges.failed``); an exception from the block propagates unchanged.
+    that it changed (on its own thread: see the module's docstring). Never raises by itself (a
+    state that cannot be put back is logged and listed in ``StateChanges.failed``, one changed by
+    another thread in ``StateChanges.kept``); an exception from the block propagates unchanged.
 
     >>> import torch
     >>> with torch_state_preserved():
@@ -280,7 +427,10 @@ def torch_state_preserved() -> Iterator[StateChanges]:
     """
     saved = _snapshot()
     changes = StateChanges()
+    calls = _watch()
     try:
         yield changes
     finally:
-        _restore(saved, changes)
+        if calls is not None:
+            sys.setprofile(None)
+        _restore(saved, changes, calls)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import threading
 
 import pytest
 import torch
+import torch._inductor  # torch.use_deterministic_algorithms imports it on first use (1 s of CPU): here
 import torch.nn.modules.module as module_globals
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -228,3 +230,69 @@ def test_any_mix_of_state_changes_in_a_pattern_leaves_global_state_as_it_was(row
         # raises "Found nested DeviceContext on the mode stack" (plain torch does the same)
         assert fails or "nested DeviceContext" in str(exc), exc
     assert [(what, read()) for what, _, read in rows] == before
+
+
+# ---- only the block's own thread's changes are put back ---------------------------------------------
+
+
+def test_a_change_another_thread_makes_during_a_trace_survives_it():
+    """While a pattern is traced, another thread sets the default dtype and registers a global
+    hook: both stay. The pattern's own change (print options) is still undone."""
+    started, changed = threading.Event(), threading.Event()
+    handles = []
+
+    def other_thread():
+        started.wait(10)
+        torch.set_default_dtype(torch.float64)
+        handles.append(module_globals.register_module_forward_hook(_hook))
+        changed.set()
+
+    def pattern(x):
+        torch.set_printoptions(precision=9)
+        started.set()
+        assert changed.wait(10)
+        return torch.neg(torch.neg(x))
+
+    worker = threading.Thread(target=other_thread)
+    worker.start()
+    try:
+        rule = fxrewrite.Rule.from_functions(pattern, _identity, name="while_another_thread_works")
+        worker.join()
+        assert torch.get_default_dtype() == torch.float64
+        assert list(module_globals._global_forward_hooks) == [handles[0].id]
+        assert torch._tensor_str.PRINT_OPTS.precision == 4
+        assert rule.compiled.anchor.target is torch.neg
+    finally:
+        started.set()
+        worker.join()
+        torch.set_default_dtype(torch.float32)
+        for handle in handles:
+            handle.remove()
+
+
+@pytest.mark.parametrize("what, change, read", CHANGES, ids=[c[0] for c in CHANGES])
+def test_the_watched_path_puts_back_what_the_unwatched_one_does(what, change, read, monkeypatch):
+    """With other threads alive the block's calls are watched and a process-wide change is put
+    back only if its thread called a setter of it: every change of CHANGES is still undone."""
+    monkeypatch.setattr(isolation, "_ALWAYS_WATCH", True)
+    before = read()
+    with torch_state_preserved() as changes:
+        change()
+        assert read() != before, f"{what}: the change did not change anything; the test would prove nothing"
+    assert read() == before
+    assert changes.restored and not changes.failed and not changes.kept
+
+
+def test_a_direct_assignment_while_other_threads_run_is_kept_and_named(monkeypatch, caplog):
+    """The documented limit: a process-wide change made without a setter cannot be told from
+    another thread's while other threads run; it is left and named."""
+    monkeypatch.setattr(isolation, "_ALWAYS_WATCH", True)
+    precision = torch._tensor_str.PRINT_OPTS.precision
+    try:
+        with caplog.at_level(logging.WARNING, logger="fxrewrite.isolation"), torch_state_preserved() as changes:
+            torch._tensor_str.PRINT_OPTS.precision = precision + 5
+        assert torch._tensor_str.PRINT_OPTS.precision == precision + 5
+        assert changes.kept == ("print options",) and changes.restored == ()
+        assert "left print options as it is" in caplog.text
+    finally:
+        torch._tensor_str.PRINT_OPTS.precision = precision
