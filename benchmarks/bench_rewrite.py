@@ -1,23 +1,24 @@
-"""Benchmark ``fxrewrite.rewrite`` against ``gm.recompile()``, ``torch.fx.replace_pattern`` and
-the targets of issue 12 ("Performance at the floor").
+"""Benchmark ``fxrewrite.rewrite`` against its floors (issue 24), ``gm.recompile()`` and
+``torch.fx.replace_pattern``.
 
 Usage::
 
     python benchmarks/bench_rewrite.py                  # every workload, 4k/8k/64k nodes, median of 3
-    python benchmarks/bench_rewrite.py --quick          # small sizes, one run each (a smoke test, ~15 s)
+    python benchmarks/bench_rewrite.py --quick          # small sizes, one run each (a smoke test, ~30 s)
     python benchmarks/bench_rewrite.py --workloads create3 --sizes 8000 --profile
     python benchmarks/bench_rewrite.py --check-library  # also time `fxrewrite check -j 2` on the shipped rules
 
-Synthetic graphs are built node by node with ``torch.fx.Graph`` from a fixed-seed RNG (the same
-graph every run): a ``chain`` (each op reads the previous value) or a ``dag`` (each op reads 1-2 of
-the last 8 values). Filler ops are ``relu, sigmoid, tanh, sin, add, mul``; *blocks* matched by
-the rules are planted among them (never two blocks back to back). The *density* is the fraction
+The graphs are ordinary Python programs traced by ``torch.fx.symbolic_trace`` (:class:`Program`):
+a walk driven by a fixed-seed RNG (the same program every run) applies filler ops (``relu,
+sigmoid, tanh, sin, add, mul``) either along a ``chain`` (each op reads the previous value) or in
+a ``dag`` (each op reads 1-2 of the last 8 values), and now and then calls the workload's *block*,
+a Python function the rules match (never two blocks back to back). The *density* is the fraction
 of the graph's nodes inside planted blocks. Workloads:
 
 * ``create1``, ``create3``, ``create10``: R rules ``a_i(b_i(x)) => k new nodes`` (``a_i, b_i``
   distinct ops absent from the filler; the replacement is a chain of ``k`` scale/shift/clamp
   ops); each planted block is a random rule's pattern. The rewritten module must compute what
-  the graph with each block replaced by hand computes.
+  the same program with each block replaced by hand (traced again) computes.
 * ``delete``: the original benchmark, ``neg(neg(x)) => x`` plus identities that are tried and
   rarely fire (R of them); the output must not change.
 * ``modules``: ``bn_j(conv_j(x))`` pairs of 1x1 ``Conv2d``/``BatchNorm2d`` submodules (eval mode),
@@ -29,19 +30,26 @@ of the graph's nodes inside planted blocks. Workloads:
 
 Each row times, in one process, the median of ``--repeat`` runs of: copying ``rewrite(gm, rules)``,
 ``rewrite(gm, rules, inplace=True)`` on a fresh module, ``torch.fx.replace_pattern`` rule by rule
-(when it fits in ``--fx-limit`` seconds), and the floors (one ``recompile()``, one pass over
-``graph.nodes``), interleaved. Times are CPU time of this process (``--clock cpu``) so other
-processes barely move them. Memory: ``tracemalloc`` peak of one copying ``rewrite`` against
-``recompile()``'s own peak plus the retained size of one copy of the graph.
+(when it fits in ``--fx-limit`` seconds), and the floors, interleaved: the **one-pass copying
+floor** (copy the nodes that stay with ``Graph.node_copy`` and emit each replacement in its place
+with ``Graph.create_node``, one pass, the matches known in advance, then the new module's code),
+the **in-place floor** (the same edits made by hand in place, then ``recompile()``), and, as
+context, "copy, then edit", one ``recompile()`` and one pass over ``graph.nodes``. Each floor
+must build the graph the rewrite builds (same nodes by op and target) and compute what it must.
+Times are CPU time of this process (``--clock cpu``) so other processes barely move them.
+Memory: ``tracemalloc`` peak of one copying ``rewrite`` against ``recompile()``'s own peak plus
+the retained size of one copy of the graph.
 
-The report ends with the issue's target table, each row with PASS/FAIL. The exit code is 1 only
-when a correctness check fails or a measured call raises; missed targets are reported, not
-failed.
+The report gives each row's verdict against the two floor targets (rewrite / copying floor
+<= 1.25, in place / in-place floor <= 1.2) and ends with the issue's target table. The exit
+code is 1 only when a correctness check fails or a measured call raises; missed targets are
+reported, not failed. Rule-count workloads are in ``bench_rules.py``.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
 import cProfile
 import gc
@@ -67,18 +75,18 @@ from typing import Any
 
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
-import torch
-from torch import fx, nn
-from torch.nn.utils.fusion import fuse_conv_bn_weights
+import torch  # noqa: E402
+from torch import fx, nn  # noqa: E402
+from torch.nn.utils.fusion import fuse_conv_bn_weights  # noqa: E402
 
 try:
     import fxrewrite
 except ImportError:  # running from a checkout without the package installed
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import fxrewrite
-from fxrewrite._gc import collections_paused
-from fxrewrite._torch import add_node, fresh_node_name, node_name_base
-from fxrewrite.target import _copy_graph, to_graph_module
+from fxrewrite._gc import collections_paused  # noqa: E402
+from fxrewrite._torch import add_node, fresh_node_name, node_name_base  # noqa: E402
+from fxrewrite.target import _copy_graph, to_graph_module  # noqa: E402
 
 RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
 SEED = 20240611
@@ -96,6 +104,7 @@ CHAIN_CONSTANTS = {operator.add: 0.5, operator.mul: 0.75}
 PATTERN_OPS: tuple[Callable[..., Any], ...] = (torch.neg, torch.cos, torch.atan, torch.erf, torch.abs, torch.sign,
                                                torch.floor, torch.ceil, torch.trunc, torch.round, torch.asinh)
 ATTENTION_SCALE = 0.35
+CHECK_TARGET_SECONDS = 35.0  # issue 24: `fxrewrite check rules -j 2`
 
 
 # ----------------------------------------------------------------------------------------------
@@ -132,36 +141,23 @@ def quick_grid() -> tuple[Config, ...]:
 
 
 # ----------------------------------------------------------------------------------------------
-# graphs
+# graphs: ordinary Python programs, traced by torch.fx
 # ----------------------------------------------------------------------------------------------
-
-#: One op of a graph recipe: (opcode, target, args); an int argument is a value index (0 is the
-#: placeholder ``x``, op ``i`` computes value ``i + 1``), a :class:`Const` or a float a constant.
-Op = tuple[str, Any, tuple[Any, ...]]
-
-
-@dataclass(frozen=True)
-class Const:
-    """An int constant argument (a bare int is a value index)."""
-
-    value: Any
-
-
-def _is_value(a: Any) -> bool:
-    return isinstance(a, int) and not isinstance(a, bool)
 
 
 @dataclass
 class GraphSpec:
-    """A recipe for a synthetic graph and where its planted blocks are."""
+    """A synthetic program, traced, and where its planted blocks are."""
 
     config: Config
     size: int
-    ops: list[Op]
-    outputs: list[int]
-    #: per planted block: (index of its first op, index of its last op, rule index)
+    #: per planted block: (graph index of its first node, of its last node, rule index); node 0
+    #: is the placeholder ``x``
     blocks: list[tuple[int, int, int]]
-    modules: dict[str, nn.Module] = field(default_factory=dict)
+    program: Program
+    traced: fx.GraphModule
+    #: graph indices of the nodes a rewrite erases (the blocks' matched nodes)
+    erased: frozenset[int] = frozenset()
 
     @property
     def actual_density(self) -> float:
@@ -169,20 +165,31 @@ class GraphSpec:
 
 
 class Workload:
-    """What a workload plants, the rules that rewrite it, and what the rewritten graph computes."""
+    """What a workload plants (a Python function of the block's input), the rules that rewrite
+    it, and what the rewrite leaves in its place (another Python function)."""
 
     name = ""
     block_size = 2
     exact = True  # the rewritten module computes exactly what ``expected`` computes
+    needs_modules = False  # blocks call submodules: the program runs once eagerly to create them
 
     def __init__(self, config: Config) -> None:
         self.config = config
+        self._templates: dict[int, fx.Graph] = {}
 
     def example_input(self) -> torch.Tensor:
         return torch.randn(4, generator=torch.Generator().manual_seed(0))
 
-    def plant(self, rng: random.Random, src: int, emit: Callable[[Op], int], spec: GraphSpec) -> int:
-        """Emit one block reading value ``src``; return the rule index it is meant for."""
+    def choose(self, rng: random.Random) -> int:
+        """The rule the next block is planted for."""
+        return 0
+
+    def block(self, program: Program, rule: int, x: Any) -> Any:
+        """The planted block reading ``x``: ``block_size`` ops, a pattern of ``rule``."""
+        raise NotImplementedError
+
+    def replaced(self, program: Program, rule: int, x: Any) -> Any:
+        """What the rewrite leaves for a block of ``rule`` reading ``x`` (for ``expected``)."""
         raise NotImplementedError
 
     def ruleset(self) -> fxrewrite.RuleSet:
@@ -192,28 +199,42 @@ class Workload:
         """(name, pattern, replacement) for ``torch.fx.replace_pattern``, or None when fx cannot."""
         return None
 
-    def replacement_ops(self, rule: int, src: int, emit: Callable[[Op], int]) -> int:
-        """Emit what the rewrite leaves for a block of ``rule`` reading ``src`` (for ``expected``)."""
-        raise NotImplementedError
-
     def expected_module(self, spec: GraphSpec) -> fx.GraphModule:
         """A module computing what the rewritten graph must compute."""
-        return build(spec, rewritten_by=self) if self.exact else build(spec)
+        return build(spec, rewritten=self.exact)
 
-    def hand_replacement(self, gm: fx.GraphModule, block: list[fx.Node], rule: int) -> fx.Node:
-        """The floor's edit: create, at the graph's insertion point, what the rule leaves for
-        ``block`` (its nodes in order) and return the value replacing the block's last node."""
-        src = block[0].args[0]
-        emitted: list[fx.Node] = []
+    # -- the floors' edits (no matching: where the blocks are is known) ---------------------------
+    def replacement(self, rule: int) -> Callable[..., Any]:
+        """The replacement as a function of :meth:`replacement_inputs` (traced once per rule)."""
+        return lambda x: self.replaced(Program.for_templates(), rule, x)
 
-        def emit(op: Op) -> int:
-            opcode, target, args = op
-            emitted.append(cheapest_node(gm.graph, opcode, target, tuple(
-                (src if a == -1 else emitted[a]) if _is_value(a) else a for a in args)))
-            return len(emitted) - 1
+    def replacement_inputs(self, block: list[fx.Node]) -> tuple[fx.Node, ...]:
+        return (block[0].args[0],)  # type: ignore[return-value]
 
-        last = self.replacement_ops(rule, -1, emit)
-        return src if last == -1 else emitted[last]
+    def matched(self, block: list[fx.Node]) -> list[fx.Node]:
+        """The block's nodes a rewrite erases."""
+        return block
+
+    def emit(self, graph: fx.Graph, block: list[fx.Node], rule: int, value_of: Callable[[fx.Node], fx.Node],
+             make: Callable[..., fx.Node], add_module: Callable[[str, nn.Module], Any]) -> fx.Node:
+        """Create, at ``graph``'s insertion point, what the rule leaves for ``block`` (the nodes of
+        the source graph, ``value_of`` mapping them into ``graph``) and return the value replacing
+        the block's last node. ``make(graph, op, target, args, kwargs)`` creates one node."""
+        template = self._templates.get(rule)
+        if template is None:
+            template = self._templates[rule] = fx.symbolic_trace(self.replacement(rule)).graph
+        inputs = iter(self.replacement_inputs(block))
+        local: dict[fx.Node, Any] = {}
+        for t in template.nodes:
+            if t.op == "placeholder":
+                local[t] = value_of(next(inputs))
+            elif t.op == "output":
+                return local[t.args[0]]  # type: ignore[index]
+            else:
+                args = tuple(local[a] if isinstance(a, fx.Node) else a for a in t.args)
+                kwargs = {k: local[v] if isinstance(v, fx.Node) else v for k, v in t.kwargs.items()}
+                local[t] = make(graph, t.op, t.target, args, kwargs)
+        raise AssertionError("a template without output")
 
 
 def _pair_rules(count: int) -> list[tuple[Callable[..., Any], Callable[..., Any]]]:
@@ -225,23 +246,16 @@ def _pair_rules(count: int) -> list[tuple[Callable[..., Any], Callable[..., Any]
     return pairs[:count]
 
 
-def _replacement_steps(rule: int, k: int) -> list[tuple[str, Any, tuple[Any, ...]]]:
-    """The k ops a created-node rule's replacement applies: scale, shift, clamp, repeated."""
-    steps = []
+def scale_shift_clamp(x: Any, rule: int, k: int) -> Any:
+    """A created-node rule's replacement: ``k`` ops, scale, shift, clamp, repeated."""
     for j in range(k):
         kind = j % 3
         if kind == 0:
-            steps.append(("call_function", operator.mul, (0.5 + rule / 128,)))
+            x = x * (0.5 + rule / 128)
         elif kind == 1:
-            steps.append(("call_function", operator.add, (0.25,)))
+            x = x + 0.25
         else:
-            steps.append(("call_function", torch.clamp, (-4.0, 4.0)))
-    return steps
-
-
-def _apply_steps(x: Any, steps: list[tuple[str, Any, tuple[Any, ...]]]) -> Any:
-    for _, target, consts in steps:
-        x = target(x, *consts)
+            x = torch.clamp(x, -4.0, 4.0)
     return x
 
 
@@ -254,21 +268,24 @@ class CreateNodes(Workload):
         self.name = f"create{k}"
         self.pairs = _pair_rules(config.rules)
 
-    def plant(self, rng: random.Random, src: int, emit: Callable[[Op], int], spec: GraphSpec) -> int:
-        rule = rng.randrange(len(self.pairs))
+    def choose(self, rng: random.Random) -> int:
+        return rng.randrange(len(self.pairs))
+
+    def block(self, program: Program, rule: int, x: Any) -> Any:
         outer, inner = self.pairs[rule]
-        emit(("call_function", outer, (emit(("call_function", inner, (src,))),)))
-        return rule
+        return outer(inner(x))
+
+    def replaced(self, program: Program, rule: int, x: Any) -> Any:
+        return scale_shift_clamp(x, rule, self.k)
 
     def _functions(self, rule: int) -> tuple[str, Callable[..., Any], Callable[..., Any]]:
         outer, inner = self.pairs[rule]
-        steps = _replacement_steps(rule, self.k)
 
         def pattern(x):  # type: ignore[no-untyped-def]
             return outer(inner(x))
 
         def replacement(x):  # type: ignore[no-untyped-def]
-            return _apply_steps(x, steps)
+            return scale_shift_clamp(x, rule, self.k)
 
         return f"{outer.__name__}_{inner.__name__}_to_{self.k}", pattern, replacement
 
@@ -279,30 +296,23 @@ class CreateNodes(Workload):
     def fx_rules(self) -> list[tuple[str, Callable[..., Any], Callable[..., Any]]]:
         return [self._functions(i) for i in range(len(self.pairs))]
 
-    def replacement_ops(self, rule: int, src: int, emit: Callable[[Op], int]) -> int:
-        value = src
-        for opcode, target, consts in _replacement_steps(rule, self.k):
-            value = emit((opcode, target, (value, *consts)))
-        return value
-
 
 class DeleteNodes(Workload):
     """``neg(neg(x)) => x`` first, then identities over unary ops that are tried and rarely fire."""
 
     name = "delete"
 
-    def plant(self, rng: random.Random, src: int, emit: Callable[[Op], int], spec: GraphSpec) -> int:
-        emit(("call_function", torch.neg, (emit(("call_function", torch.neg, (src,))),)))
-        return 0
+    def block(self, program: Program, rule: int, x: Any) -> Any:
+        return torch.neg(torch.neg(x))
+
+    def replaced(self, program: Program, rule: int, x: Any) -> Any:
+        return x
 
     def ruleset(self) -> fxrewrite.RuleSet:
         return fxrewrite.RuleSet([fxrewrite.Rule.from_functions(p, r, name=n) for n, p, r in self.fx_rules()])
 
     def fx_rules(self) -> list[tuple[str, Callable[..., Any], Callable[..., Any]]]:
         return identity_rules(self.config.rules)
-
-    def replacement_ops(self, rule: int, src: int, emit: Callable[[Op], int]) -> int:
-        return src
 
 
 def identity_rules(count: int) -> list[tuple[str, Callable[..., Any], Callable[..., Any]]]:
@@ -348,34 +358,40 @@ class FoldConvBn(Workload):
 
     name = "modules"
     exact = False
+    needs_modules = True
 
     def example_input(self) -> torch.Tensor:
         return torch.randn(1, 1, 2, 2, generator=torch.Generator().manual_seed(0))
 
-    def plant(self, rng: random.Random, src: int, emit: Callable[[Op], int], spec: GraphSpec) -> int:
-        j = len(spec.blocks)
-        generator = torch.Generator().manual_seed(j)
-        conv, bn = nn.Conv2d(1, 1, 1), nn.BatchNorm2d(1)
-        with torch.no_grad():
-            conv.weight.uniform_(0.5, 1.5, generator=generator)
-            bn.running_mean.uniform_(-0.5, 0.5, generator=generator)
-            bn.running_var.uniform_(0.5, 1.5, generator=generator)
-        spec.modules[f"conv{j}"], spec.modules[f"bn{j}"] = conv, bn.eval()
-        emit(("call_module", f"bn{j}", (emit(("call_module", f"conv{j}", (src,))),)))
-        return 0
+    def block(self, program: Program, rule: int, x: Any) -> Any:
+        j = len(program.blocks)
+        if not hasattr(program, f"conv{j}"):  # the eager run creates them; the trace finds them
+            generator = torch.Generator().manual_seed(j)
+            conv, bn = nn.Conv2d(1, 1, 1), nn.BatchNorm2d(1)
+            with torch.no_grad():
+                conv.weight.uniform_(0.5, 1.5, generator=generator)
+                bn.running_mean.uniform_(-0.5, 0.5, generator=generator)
+                bn.running_var.uniform_(0.5, 1.5, generator=generator)
+            program.add_module(f"conv{j}", conv)
+            program.add_module(f"bn{j}", bn.eval())
+        return getattr(program, f"bn{j}")(getattr(program, f"conv{j}")(x))
 
     def ruleset(self) -> fxrewrite.RuleSet:
         return fxrewrite.load_rules(RULES_DIR / "fusion.py")
 
-    def hand_replacement(self, gm: fx.GraphModule, block: list[fx.Node], rule: int) -> fx.Node:
-        conv, bn = (gm.get_submodule(n.target) for n in block)
+    def emit(self, graph: fx.Graph, block: list[fx.Node], rule: int, value_of: Callable[[fx.Node], fx.Node],
+             make: Callable[..., fx.Node], add_module: Callable[[str, nn.Module], Any]) -> fx.Node:
+        program = block[0].graph.owning_module
+        assert program is not None
+        conv, bn = (program.get_submodule(str(n.target)) for n in block)
         name = f"{block[0].target}_folded"
         folded = copy.deepcopy(conv)
         assert isinstance(bn, nn.BatchNorm2d) and bn.running_mean is not None and bn.running_var is not None
+        assert isinstance(folded, nn.Conv2d)
         folded.weight, folded.bias = fuse_conv_bn_weights(conv.weight, conv.bias, bn.running_mean, bn.running_var,
                                                           bn.eps, bn.weight, bn.bias)
-        gm.add_submodule(name, folded)
-        return cheapest_node(gm.graph, "call_module", name, (block[0].args[0],))
+        add_module(name, folded)
+        return make(graph, "call_module", name, (value_of(block[0].args[0]),), {})  # type: ignore[arg-type]
 
 
 class Attention(Workload):
@@ -389,32 +405,35 @@ class Attention(Workload):
     def example_input(self) -> torch.Tensor:
         return torch.randn(1, 3, 4, generator=torch.Generator().manual_seed(0))
 
-    def plant(self, rng: random.Random, src: int, emit: Callable[[Op], int], spec: GraphSpec) -> int:
-        k = emit(("call_function", operator.mul, (src, 0.5)))
-        v = emit(("call_function", operator.add, (src, 0.25)))
-        kt = emit(("call_method", "transpose", (k, Const(-2), Const(-1))))
-        scores = emit(("call_function", operator.mul, (emit(("call_function", operator.matmul, (src, kt))),
-                                                       ATTENTION_SCALE)))
-        weights = emit(("call_function", torch.softmax, (scores, Const(-1))))
-        emit(("call_function", operator.matmul, (weights, v)))
-        return 0
+    def block(self, program: Program, rule: int, x: Any) -> Any:
+        k, v = x * 0.5, x + 0.25
+        return attention(x, k, v)
+
+    def replaced(self, program: Program, rule: int, x: Any) -> Any:
+        return sdpa(x, x * 0.5, x + 0.25)
+
+    def replacement(self, rule: int) -> Callable[..., Any]:
+        return sdpa
+
+    def replacement_inputs(self, block: list[fx.Node]) -> tuple[fx.Node, ...]:
+        return block[0].args[0], block[0], block[1]  # type: ignore[return-value]
+
+    def matched(self, block: list[fx.Node]) -> list[fx.Node]:
+        return block[2:]  # k and v stay: the rule binds them as variables
 
     def ruleset(self) -> fxrewrite.RuleSet:
         return fxrewrite.load_rules(RULES_DIR / "attention.py")
 
-    def hand_replacement(self, gm: fx.GraphModule, block: list[fx.Node], rule: int) -> fx.Node:
-        k, v = block[0], block[1]
-        return cheapest_node(gm.graph, "call_function", torch.nn.functional.scaled_dot_product_attention,
-                             (k.args[0], k, v), {"scale": ATTENTION_SCALE})
-
     def fx_rules(self) -> list[tuple[str, Callable[..., Any], Callable[..., Any]]]:
-        def pattern(q, k, v):  # type: ignore[no-untyped-def]
-            return torch.softmax(q @ k.transpose(-2, -1) * ATTENTION_SCALE, -1) @ v
+        return [("attention", attention, sdpa)]
 
-        def replacement(q, k, v):  # type: ignore[no-untyped-def]
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=ATTENTION_SCALE)
 
-        return [("attention", pattern, replacement)]
+def attention(q: Any, k: Any, v: Any) -> Any:
+    return torch.softmax(q @ k.transpose(-2, -1) * ATTENTION_SCALE, -1) @ v
+
+
+def sdpa(q: Any, k: Any, v: Any) -> Any:
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=ATTENTION_SCALE)
 
 
 def workload(config: Config) -> Workload:
@@ -433,121 +452,124 @@ def _plant_probability(density: float, block: int) -> float:
     return density / (block * (1 - density))
 
 
-def make_spec(work: Workload, size: int) -> GraphSpec:
-    """The recipe of a graph of ``size`` nodes (placeholder and output included)."""
-    config = work.config
-    if config.shape not in SHAPES:
-        raise ValueError(f"unknown shape {config.shape!r}; expected one of {SHAPES}")
-    rng = random.Random(f"{SEED}-{config}-{size}")
-    q = _plant_probability(config.density, work.block_size)
-    spec = GraphSpec(config, size, [], [], [])
-    users: list[int] = [0]
-    budget = size - 2
+class Program(nn.Module):
+    """A synthetic program of ``size`` nodes (placeholder and output included), as Python: a
+    walk driven by a fixed-seed RNG (the same program every run) that applies filler ops
+    (``relu, sigmoid, tanh, sin, add, mul``) and, now and then, the workload's block (its
+    pattern; with ``rewritten``, what the rewrite leaves instead). ``chain``: each op reads the
+    previous value; ``dag``: each op reads 1-2 of the last :data:`WINDOW` values, values leaving
+    the window unused are read next, and the values nobody reads are the outputs. Each call
+    records where the blocks are, counted in graph nodes (:attr:`blocks`)."""
 
-    def emit(op: Op) -> int:
-        spec.ops.append(op)
-        users.append(0)
-        for a in op[2]:
-            if _is_value(a):
-                users[a] += 1
-        return len(spec.ops)
+    def __init__(self, work: Workload | None, size: int, *, rewritten: bool = False) -> None:
+        super().__init__()
+        self.work, self.size, self.rewritten = work, size, rewritten
+        self.blocks: list[tuple[int, int, int]] = []
 
-    def plant(src: int) -> int:
-        first = len(spec.ops)
-        rule = work.plant(rng, src, emit, spec)
-        spec.blocks.append((first, len(spec.ops) - 1, rule))
-        return len(spec.ops)
+    @classmethod
+    def for_templates(cls) -> Program:
+        return cls(None, 0)
 
-    last_was_block = True  # no block on the placeholder itself
-    if config.shape == "chain":
-        prev = 0
-        while len(spec.ops) < budget:
-            if not last_was_block and len(spec.ops) + work.block_size <= budget and rng.random() < q:
-                prev, last_was_block = plant(prev), True
+    def forward(self, x: Any) -> Any:
+        assert self.work is not None
+        self.blocks = []
+        config = self.work.config
+        if config.shape not in SHAPES:
+            raise ValueError(f"unknown shape {config.shape!r}; expected one of {SHAPES}")
+        rng = random.Random(f"{SEED}-{config}-{self.size}")
+        return (self._chain if config.shape == "chain" else self._dag)(rng, x)
+
+    def _plant(self, rng: random.Random, x: Any, count: int) -> Any:
+        """The block reading ``x``, its nodes counted from ``count + 1``."""
+        assert self.work is not None
+        rule = self.work.choose(rng)
+        self.blocks.append((count + 1, count + self.work.block_size, rule))
+        return (self.work.replaced if self.rewritten else self.work.block)(self, rule, x)
+
+    def _may_plant(self, rng: random.Random, count: int, last_was_block: bool) -> bool:
+        assert self.work is not None
+        q = _plant_probability(self.work.config.density, self.work.block_size)
+        return not last_was_block and count + self.work.block_size <= self.size - 2 and rng.random() < q
+
+    def _chain(self, rng: random.Random, x: Any) -> Any:
+        assert self.work is not None
+        count, last_was_block, budget = 0, True, self.size - 2  # no block on the placeholder itself
+        while count < budget:
+            if self._may_plant(rng, count, last_was_block):
+                x, count, last_was_block = self._plant(rng, x, count), count + self.work.block_size, True
                 continue
             op = rng.choice(OP_MIX)
-            prev = emit(("call_function", op, (prev, CHAIN_CONSTANTS[op]) if op in CHAIN_CONSTANTS else (prev,)))
-            last_was_block = False
-        spec.outputs = [prev]
-        return spec
-    pool: list[int] = [0]  # the last WINDOW values
-    pending: list[int] = []  # values that left the window unused: the next ops consume them
-    planted: set[int] = set()
+            x = op(x, CHAIN_CONSTANTS[op]) if op in CHAIN_CONSTANTS else op(x)
+            count, last_was_block = count + 1, False
+        return x
 
-    def push(v: int) -> None:
-        pool.append(v)
-        if len(pool) > WINDOW:
-            old = pool.pop(0)
-            if users[old] == 0:
-                pending.append(old)
+    def _dag(self, rng: random.Random, x: Any) -> Any:
+        """Values are named by the graph index of their node (0: the placeholder)."""
+        assert self.work is not None
+        values, users = {0: x}, {0: 0}
+        pool: list[int] = [0]  # the last WINDOW values
+        pending: list[int] = []  # values that left the window unused: the next ops consume them
+        planted: set[int] = set()
 
-    while len(spec.ops) < budget:
-        if not last_was_block and len(spec.ops) + work.block_size <= budget and rng.random() < q:
-            candidates = [v for v in pool if v not in planted] or pool
-            src = pending.pop(0) if pending and pending[0] not in planted else rng.choice(candidates)
-            out = plant(src)
-            planted.add(out)
-            push(out)
-            last_was_block = True
-            continue
-        op = rng.choice(OP_MIX)
-        arity = 2 if op in BINARY_OPS else 1
-        args: list[int] = []
-        while pending and len(args) < arity:
-            args.append(pending.pop(0))
-        while len(args) < arity:
-            args.append(rng.choice([v for v in pool if v not in args] or pool))
-        push(emit(("call_function", op, tuple(args))))
-        last_was_block = False
-    spec.outputs = pending + [v for v in pool if users[v] == 0]
-    return spec
+        def push(v: int, value: Any) -> None:
+            values[v], users[v] = value, 0
+            pool.append(v)
+            if len(pool) > WINDOW:
+                old = pool.pop(0)
+                if users[old] == 0:
+                    pending.append(old)
 
-
-def build(spec: GraphSpec, rewritten_by: Workload | None = None) -> fx.GraphModule:
-    """A fresh (recompiled) GraphModule from ``spec``; with ``rewritten_by``, each planted block
-    is replaced by what that workload's rule leaves in its place."""
-    g = fx.Graph()
-    values: dict[int, Any] = {0: g.placeholder("x")}
-    block_of_last = {last: (first, rule) for first, last, rule in spec.blocks}
-    inside = {i for first, last, _ in spec.blocks for i in range(first, last + 1)} if rewritten_by else set()
-    replacement_values: dict[int, Any] = {}
-
-    def node_of(a: Any) -> Any:
-        return values[a] if _is_value(a) else a.value if isinstance(a, Const) else a
-
-    for i, (opcode, target, args) in enumerate(spec.ops):
-        if i in inside:
-            if i in block_of_last:
-                first, rule = block_of_last[i]
-                src = _block_input(spec.ops[first])
-                values[i + 1] = _emit_replacement(g, rewritten_by, rule, values[src], replacement_values)
-            continue
-        values[i + 1] = g.create_node(opcode, target, tuple(node_of(a) for a in args))
-    outs = [values[i] for i in spec.outputs]
-    g.output(outs[0] if len(outs) == 1 else tuple(outs))
-    root = nn.Module()
-    for name, module in spec.modules.items():
-        root.add_module(name, module)
-    return fx.GraphModule(root, g)
+        count, last_was_block, budget = 0, True, self.size - 2
+        while count < budget:
+            if self._may_plant(rng, count, last_was_block):
+                candidates = [v for v in pool if v not in planted] or pool
+                src = pending.pop(0) if pending and pending[0] not in planted else rng.choice(candidates)
+                users[src] += 1
+                value = self._plant(rng, values[src], count)
+                count, last_was_block = count + self.work.block_size, True
+                planted.add(count)
+                push(count, value)
+                continue
+            op = rng.choice(OP_MIX)
+            arity = 2 if op in BINARY_OPS else 1
+            args: list[int] = []
+            while pending and len(args) < arity:
+                args.append(pending.pop(0))
+            while len(args) < arity:
+                args.append(rng.choice([v for v in pool if v not in args] or pool))
+            for a in args:
+                users[a] += 1
+            count, last_was_block = count + 1, False
+            push(count, op(*(values[a] for a in args)))
+        outputs = pending + [v for v in pool if users[v] == 0]
+        return values[outputs[0]] if len(outputs) == 1 else tuple(values[v] for v in outputs)
 
 
-def _block_input(first_op: Op) -> int:
-    return next(a for a in first_op[2] if _is_value(a))
+def make_spec(work: Workload, size: int) -> GraphSpec:
+    """The program of ``size`` nodes for ``work``, traced by ``torch.fx.symbolic_trace``."""
+    program = Program(work, size)
+    if work.needs_modules:
+        with torch.no_grad():
+            program(work.example_input())  # creates the blocks' submodules, which the trace then calls
+    traced = fx.symbolic_trace(program)
+    nodes = list(traced.graph.nodes)
+    if len(nodes) != size:
+        raise AssertionError(f"the {work.name} program traced to {len(nodes)} nodes, expected {size}")
+    position = {n: i for i, n in enumerate(nodes)}
+    erased = frozenset(position[n] for first, last, _ in program.blocks
+                       for n in work.matched(nodes[first:last + 1]))
+    return GraphSpec(work.config, size, list(program.blocks), program, traced, erased)
 
 
-def _emit_replacement(g: fx.Graph, work: Workload | None, rule: int, src: fx.Node, cache: dict[int, Any]) -> fx.Node:
-    assert work is not None
-    local: dict[int, Any] = {-1: src}
-    ops: list[Op] = []
-
-    def emit(op: Op) -> int:
-        ops.append(op)
-        return len(ops) - 1
-
-    last = work.replacement_ops(rule, -1, emit)
-    for j, (opcode, target, args) in enumerate(ops):
-        local[j] = g.create_node(opcode, target, tuple(local[a] if _is_value(a) else a for a in args))
-    return local[last]
+def build(spec: GraphSpec, rewritten: bool = False) -> fx.GraphModule:
+    """A fresh (recompiled) GraphModule of ``spec``'s program; with ``rewritten``, of the program
+    with each planted block replaced by what the rule leaves in its place, traced."""
+    if rewritten:
+        assert spec.program.work is not None
+        return fx.symbolic_trace(Program(spec.program.work, spec.size, rewritten=True))
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(spec.traced.graph, {}))
+    return fx.GraphModule(spec.traced, graph)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -617,21 +639,31 @@ def _fx_apply(gm: fx.GraphModule, defs: Sequence[tuple[str, Callable[..., Any], 
 def cheapest_node(graph: fx.Graph, op: str, target: Any, args: tuple[Any, ...],
                   kwargs: dict[str, Any] | None = None) -> fx.Node:
     """A node inserted the cheapest way known (fxrewrite's ``add_node``: ``create_node``
-    without its per-argument pytree walk), for the floor."""
+    without its per-argument pytree walk), for the in-place floor."""
     name = fresh_node_name(graph, node_name_base(graph, target))
     return add_node(graph, name, op, target, args, kwargs or {})
 
 
+def _create_node(graph: fx.Graph, op: str, target: Any, args: tuple[Any, ...],
+                 kwargs: dict[str, Any] | None = None) -> fx.Node:
+    """A node created by plain ``Graph.create_node``, for the one-pass copying floor."""
+    return graph.create_node(op, target, args, kwargs)  # type: ignore[arg-type]
+
+
+def _same(node: fx.Node) -> fx.Node:
+    return node
+
+
 def hand_rewrite(gm: fx.GraphModule, spec: GraphSpec, work: Workload) -> fx.GraphModule:
-    """The floor of a rewrite on fx: the edits a rule set makes, written by hand where the blocks
-    are known to be (no matching, no checks, no lint), then ``recompile()``; with the cyclic GC
-    paused, as ``rewrite`` pauses it."""
+    """The in-place floor of a rewrite on fx: the edits a rule set makes, written by hand where the
+    blocks are known to be (no matching, no checks, no lint), then ``recompile()``; with the
+    cyclic GC paused, as ``rewrite`` pauses it."""
     with collections_paused():
         nodes = list(gm.graph.nodes)
         for first, last, rule in spec.blocks:
-            block = nodes[first + 1:last + 2]  # node 0 is the placeholder
+            block = nodes[first:last + 1]
             with gm.graph.inserting_before(block[-1]):
-                value = work.hand_replacement(gm, block, rule)
+                value = work.emit(gm.graph, block, rule, _same, cheapest_node, gm.add_submodule)
             block[-1].replace_all_uses_with(value)
             for node in reversed(block):
                 if not node.users:
@@ -641,9 +673,44 @@ def hand_rewrite(gm: fx.GraphModule, spec: GraphSpec, work: Workload) -> fx.Grap
 
 
 def copying_hand_rewrite(base: fx.GraphModule, spec: GraphSpec, work: Workload) -> fx.GraphModule:
-    """:func:`hand_rewrite` of the cheapest copy of ``base`` known (the one ``rewrite`` makes)."""
+    """:func:`hand_rewrite` of the cheapest copy of ``base`` known (the one ``rewrite`` makes):
+    "copy, then edit", the floor of issue 12 (context since issue 24)."""
     with collections_paused():
         return hand_rewrite(to_graph_module(base), spec, work)
+
+
+def one_pass_floor(base: fx.GraphModule, spec: GraphSpec, work: Workload) -> fx.GraphModule:
+    """The one-pass copying floor (issue 24): one pass over ``base``'s nodes that copies the
+    nodes that stay (``Graph.node_copy``) and emits each replacement in its place
+    (``Graph.create_node``), the matches known in advance; then the new module's code
+    (``GraphModule`` compiles it). The input is left untouched, as by a copying ``rewrite``."""
+    with collections_paused():
+        graph = fx.Graph()
+        env: dict[fx.Node, fx.Node] = {}
+        modules: dict[str, nn.Module] = {}
+        ends = {last: (first, rule) for first, last, rule in spec.blocks}
+        erased = spec.erased
+        nodes = list(base.graph.nodes)
+        for i, node in enumerate(nodes):
+            block = ends.get(i)
+            if block is not None:
+                env[node] = work.emit(graph, nodes[block[0]:i + 1], block[1], env.__getitem__, _create_node,
+                                      modules.__setitem__)
+            elif i not in erased:
+                env[node] = graph.node_copy(node, env.__getitem__)
+        root: nn.Module | dict[str, Any] = {**dict(base.named_children()), **modules} if modules else base
+        return fx.GraphModule(root, graph)
+
+
+def graph_signature(gm: fx.GraphModule) -> collections.Counter[tuple[str, str]]:
+    """What a graph computes, up to node names and order: its nodes by op and target (a module
+    by its class)."""
+    def target(n: fx.Node) -> str:
+        if n.op == "call_module":
+            return type(gm.get_submodule(str(n.target))).__name__
+        return n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
+
+    return collections.Counter((n.op, target(n)) for n in gm.graph.nodes)
 
 
 @dataclass
@@ -668,6 +735,9 @@ class Row:
     #: (``floor_ms``) and in place (``inplace_floor_ms``); see :func:`hand_rewrite`.
     floor_ms: float | None = None
     inplace_floor_ms: float | None = None
+    #: The one-pass copying floor (issue 24): copy the nodes that stay, emit each replacement in
+    #: its place, one pass, then the new module's code; see :func:`one_pass_floor`.
+    copy_floor_ms: float | None = None
     pass_ms: float | None = None
     applied: int | None = None
     rewrite_peak_kb: float | None = None
@@ -772,7 +842,7 @@ class Bench:
                  base: fx.GraphModule, x: torch.Tensor, expected: Any) -> None:
         clock = CLOCKS[self.args.clock]
         times: dict[str, list[float]] = {"rewrite": [], "inplace": [], "fx": [], "pass": [], "recompile": [],
-                                         "result_recompile": [], "floor": [], "inplace_floor": []}
+                                         "result_recompile": [], "floor": [], "inplace_floor": [], "copy_floor": []}
         fx_skip = self.fx_plan(row, work)
         before = base.code
         for _ in range(self.args.repeat):
@@ -782,10 +852,13 @@ class Bench:
                 t, result = _timed(partial(fxrewrite.rewrite, base, ruleset), clock=clock)
                 times["rewrite"].append(t)
                 self._check(row, work, result, x, expected, "rewrite")
+                incidental = result.report.rewrites - row.planted if work.name == "delete" else 0
+                self._same_graph(row, result.module, one_pass_floor(base, spec, work), "the one-pass copying floor",
+                                 incidental)
                 if base.code != before or result.module is base:
                     row.errors.append("rewrite(inplace=False) modified its input module")
                 times["result_recompile"].append(_timed(result.module.recompile, clock=clock)[0])
-            except Exception as exc:  # noqa: BLE001 - reported
+            except Exception as exc:  # reported
                 row.errors.append(f"rewrite raised {type(exc).__name__}: {exc}")
             result = None
             gm = build(spec)
@@ -793,7 +866,7 @@ class Bench:
                 t, result = _timed(partial(fxrewrite.rewrite, gm, ruleset, inplace=True), clock=clock)
                 times["inplace"].append(t)
                 self._check(row, work, result, x, expected, "rewrite(inplace=True)")
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # reported
                 row.errors.append(f"rewrite(inplace=True) raised {type(exc).__name__}: {exc}")
             result = gm = None
             self._time_floor(spec, work, base, times, clock, row, x, expected)
@@ -803,6 +876,7 @@ class Bench:
         row.result_recompile_ms = _median_ms(times["result_recompile"])
         row.rewrite_ms, row.inplace_ms = _median_ms(times["rewrite"]), _median_ms(times["inplace"])
         row.floor_ms, row.inplace_floor_ms = _median_ms(times["floor"]), _median_ms(times["inplace_floor"])
+        row.copy_floor_ms = _median_ms(times["copy_floor"])
         if fx_skip is None and times["fx"]:
             row.fx_ms = _median_ms(times["fx"])
             self.fx_history.setdefault(row.key, []).append((row.size, statistics.median(times["fx"])))
@@ -817,13 +891,28 @@ class Bench:
         what they must (a floor that computed something else would prove nothing)."""
         t, floor = _timed(partial(copying_hand_rewrite, base, spec, work), clock=clock)
         times["floor"].append(t)
+        t, one_pass = _timed(partial(one_pass_floor, base, spec, work), clock=clock)
+        times["copy_floor"].append(t)
         gm = build(spec)
         t, _ = _timed(partial(hand_rewrite, gm, spec, work), clock=clock)
         times["inplace_floor"].append(t)
-        for what, module in (("floor", floor), ("inplace floor", gm)):
+        for what, module in (("floor", floor), ("inplace floor", gm), ("one-pass copying floor", one_pass)):
             problem = _differs(expected, module(x), work.exact)
             if problem:
                 row.errors.append(f"the hand-written {what}: output differs from the expected one: {problem}")
+            module.graph.lint()
+        self._same_graph(row, gm, one_pass, "the in-place floor")
+
+    @staticmethod
+    def _same_graph(row: Row, got: fx.GraphModule, floor: fx.GraphModule, what: str, incidental: int = 0) -> None:
+        """Both sides of a ratio must build the same graph (up to names and order). ``delete``'s
+        identity rules also fire where the filler happens to spell one (``relu(sigmoid(x))``):
+        those ``incidental`` rewrites each remove one node the floor keeps (the floor is then a
+        little cheaper than the rewrite's work, never dearer)."""
+        extra, missing = graph_signature(got) - graph_signature(floor), graph_signature(floor) - graph_signature(got)
+        if extra or sum(missing.values()) != incidental:
+            row.errors.append(f"{what} builds another graph than the rewrite: the rewrite has {dict(extra)} more, "
+                              f"{dict(missing)} fewer ({incidental} incidental identity rewrites)")
 
     def _time_fx(self, row: Row, spec: GraphSpec, work: Workload, times: dict[str, list[float]],
                  clock: Callable[[], float], x: torch.Tensor, expected: Any) -> str | None:
@@ -833,7 +922,7 @@ class Bench:
         except _Timeout:
             self.fx_given_up.add(row.key)
             return "timeout"
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # reported
             self.fx_given_up.add(row.key)
             row.errors.append(f"torch.fx.replace_pattern raised {type(exc).__name__}: {exc}")
             return "error"
@@ -866,7 +955,7 @@ class Bench:
         row.copy_kb = _traced_memory(partial(_copy_graph, base.graph))[1] / 1024
         try:
             peak, _, result = _traced_memory(partial(fxrewrite.rewrite, base, ruleset))
-        except Exception as exc:  # noqa: BLE001 - already reported by the timed runs
+        except Exception as exc:  # already reported by the timed runs
             row.errors.append(f"rewrite under tracemalloc raised {type(exc).__name__}: {exc}")
             return
         row.rewrite_peak_kb = peak / 1024
@@ -882,7 +971,7 @@ class Bench:
 
 HEADER = (f"{'workload':<9} {'shape':<5} {'N':>6} {'dens':>4} {'R':>3} {'rewrite ms':>10} {'inplace ms':>10} "
           f"{'fx ms':>9} {'recomp ms':>9} {'rw/rc':>5} {'ip/rc':>5} {'rw/rr':>5} {'fl/rc':>5} {'ifl/rc':>6} "
-          f"{'rw/fl':>5} {'ip/fl':>5} {'fx/rw':>6} {'applied':>7} {'mem/budget':>10}")
+          f"{'rw/fl':>5} {'rw/cf':>5} {'ip/fl':>5} {'fx/rw':>6} {'applied':>7} {'mem/budget':>10}")
 
 
 def _ms(v: float | None, width: int) -> str:
@@ -910,6 +999,7 @@ def format_row(row: Row, fx_limit: float) -> str:
             f"{_x(_ratio(row.rewrite_ms, row.recompile_ms), 5)} {_x(_ratio(row.inplace_ms, row.recompile_ms), 5)} "
             f"{_x(_ratio(row.rewrite_ms, row.result_recompile_ms), 5)} {_x(_ratio(row.floor_ms, row.recompile_ms), 5)} "
             f"{_x(_ratio(row.inplace_floor_ms, row.recompile_ms), 6)} {_x(_ratio(row.rewrite_ms, row.floor_ms), 5)} "
+            f"{_x(_ratio(row.rewrite_ms, row.copy_floor_ms), 5)} "
             f"{_x(_ratio(row.inplace_ms, row.inplace_floor_ms), 5)} {fx_ratio} {applied:>7} {memory}")
     return text + ("  ERROR" if row.errors else "")
 
@@ -1007,16 +1097,39 @@ def _memory_target(rows: list[Row], budget: Callable[[Row], float | None], limit
                   "not measured" if worst is None else ("PASS" if worst[0] <= 1.0 else "FAIL"))
 
 
+#: Issue 24's targets, per row: (label, rewrite attribute, floor attribute, limit).
+FLOOR_TARGETS = (("copying rewrite / one-pass copying floor", "rewrite_ms", "copy_floor_ms", 1.25),
+                 ("in place / in-place floor", "inplace_ms", "inplace_floor_ms", 1.2))
+
+
+def floor_verdicts(rows: list[Row]) -> list[tuple[Row, list[tuple[float | None, str]]]]:
+    """Per row, each of :data:`FLOOR_TARGETS` as (ratio, verdict)."""
+    out = []
+    for r in sorted(rows, key=lambda r: (r.workload, r.shape, r.density, r.rules, r.size)):
+        cells = []
+        for _, attr, floor, limit in FLOOR_TARGETS:
+            v = _ratio(getattr(r, attr), getattr(r, floor))
+            cells.append((v, "-" if v is None else ("PASS" if v <= limit else "FAIL")))
+        out.append((r, cells))
+    return out
+
+
+def _floor_target(rows: list[Row], label: str, attr: str, floor: str, limit: float) -> Target:
+    values = [(v, f"{r.workload} {r.shape} N={r.nodes} {r.density:.0%} R={r.rules}") for r in rows
+              for v in [_ratio(getattr(r, attr), getattr(r, floor))] if v is not None]
+    worst = _worst(values)
+    if worst is None:
+        return Target(f"{label}, every row", f"<= {limit:g}x, each row", "-", "not measured")
+    over = sum(v > limit for v, _ in values)
+    return Target(f"{label}, every row", f"<= {limit:g}x, each row",
+                  f"{len(values) - over} of {len(values)} rows pass; worst {worst[0]:.2f}x at {worst[1]}",
+                  "PASS" if not over else "FAIL")
+
+
 def targets(rows: list[Row], exps: list[dict[str, Any]], check_seconds: float | None,
             check_note: str) -> list[Target]:
     """The issue's target table, evaluated on the measured rows."""
-    out = [
-        _ratio_target(rows, "copying rewrite, 3 created nodes, 50% matched, R=10, 8k and 64k",
-                      _create3_rows(0.5, (10,)), "rewrite_ms", 1.5, hand="floor_ms"),
-        _ratio_target(rows, "the same, 10% matched, R=10 and R=50", _create3_rows(0.1, (10, 50)), "rewrite_ms", 1.25,
-                      hand="floor_ms"),
-        _ratio_target(rows, "inplace=True, all rows", lambda r: True, "inplace_ms", 1.2, hand="inplace_floor_ms"),
-    ]
+    out = [_floor_target(rows, label, attr, floor, limit) for label, attr, floor, limit in FLOOR_TARGETS]
     slopes = [(e[kind], f"{kind} {e['workload']} {e['shape']} {e['density']:.0%} R={e['rules']}")
               for e in exps for kind in ("rewrite", "inplace") if e[kind] is not None and e["from"] < e["to"]]
     worst = _worst(slopes)
@@ -1025,21 +1138,24 @@ def targets(rows: list[Row], exps: list[dict[str, Any]], check_seconds: float | 
     out.append(Target(f"scaling exponent {span}, every row", "<= 1.05", "-" if worst is None else
                       f"worst {worst[0]:.3f} ({worst[1]})",
                       "not measured" if worst is None else ("PASS" if worst[0] <= 1.05 else "FAIL")))
-    out.append(Target("fxrewrite check, shipped library, -j 2", "<= 90 s",
+    out.append(Target("fxrewrite check, shipped library, -j 2", f"<= {CHECK_TARGET_SECONDS:g} s",
                       "-" if check_seconds is None else f"{check_seconds:.0f} s wall ({check_note})",
-                      "not measured" if check_seconds is None else ("PASS" if check_seconds <= 90 else "FAIL")))
+                      "not measured" if check_seconds is None else
+                      ("PASS" if check_seconds <= CHECK_TARGET_SECONDS else "FAIL")))
     out.append(_memory_target(rows, lambda r: r.memory_budget_kb, "<= recompile peak + 1 graph copy"))
     return out
 
 
 def context_rows(rows: list[Row]) -> list[Target]:
-    """The time and memory rows of the target table measured against the result's own
-    ``recompile()`` (and, for memory, one copy of the result's graph)."""
+    """Issue 12's rows, kept as context: the rewrite against ``recompile()`` of its result and
+    against "copy, then edit" (the floor of issue 12), and memory against the result's budget."""
     return [
         _ratio_target(rows, "copying rewrite, 3 created nodes, 50%, R=10", _create3_rows(0.5, (10,)), "rewrite_ms",
                       1.5, "result_recompile_ms", "result recompile"),
         _ratio_target(rows, "the same, 10% matched, R=10 and R=50", _create3_rows(0.1, (10, 50)), "rewrite_ms", 1.25,
                       "result_recompile_ms", "result recompile"),
+        _ratio_target(rows, "copying rewrite / copy-then-edit floor, all rows", lambda r: True, "rewrite_ms", 1.25,
+                      "floor_ms", "copy-then-edit floor"),
         _memory_target(rows, lambda r: r.result_memory_budget_kb, "<= result's recompile peak + 1 copy"),
     ]
 
@@ -1062,6 +1178,8 @@ def report(rows: list[Row], fx_limit: float, out: Any, check: tuple[float, str] 
       "recompile() of its result (fx's code generation for the rewritten graph, part of every rewrite)")
     p("fl/rc, ifl/rc: the hand-written floor (the same edits made by hand at the planted blocks, no matching, "
       "then recompile(); on the copy rewrite makes / in place) / recompile(); rw/fl, ip/fl: rewrite / that floor")
+    p("rw/cf: copying rewrite / the one-pass copying floor (copy the nodes that stay and emit each replacement in "
+      "its place, one pass, then the new module's code)")
     p("mem/budget: tracemalloc peak of one copying rewrite / (recompile()'s own peak + one graph copy)")
     exps = exponents(rows)
     p()
@@ -1073,17 +1191,24 @@ def report(rows: list[Row], fx_limit: float, out: Any, check: tuple[float, str] 
                          for k in ("rewrite", "inplace", "fx", "recompile"))
         p(f"{e['workload']:<9} {e['shape']:<5} {e['density']:>4.0%} {e['rules']:>3} "
           f"{str(e['from']) + '-' + str(e['to']):>13} {cells}")
+    p()
+    p("per-row verdicts against the floors (issue 24; medians of the runs above, CPU time, this process)")
+    p(f"{'workload':<9} {'shape':<5} {'N':>6} {'dens':>4} {'R':>3}  {'rewrite/copying floor':>21} {'<=1.25':>6}  "
+      f"{'in place/in-place floor':>23} {'<=1.2':>5}")
+    for r, ((cv, cverdict), (iv, iverdict)) in floor_verdicts(rows):
+        p(f"{r.workload:<9} {r.shape:<5} {r.nodes:>6} {r.density:>4.0%} {r.rules:>3}  {_x(cv, 21)} {cverdict:>6}  "
+          f"{_x(iv, 23)} {iverdict:>5}")
     table = targets(rows, exps, check[0] if check else None, check[1] if check else "")
     p()
-    p("targets (issue 12, medians of the runs above, this process):")
+    p("targets (issue 24, medians of the runs above, this process):")
     width = max(len(t.workload) for t in table)
     for t in table:
         p(f"  {t.workload:<{width}}  {t.target:<34}  {t.verdict:<12}  {t.measured}")
     measured = [t for t in table if t.verdict != "not measured"]
     overall = "PASS" if measured and all(t.verdict == "PASS" for t in measured) else "FAIL"
     p(f"TARGETS: {overall}" + (f" ({len(table) - len(measured)} not measured)" if len(measured) < len(table) else ""))
-    p("context (not targets): the rows above against recompile() of the rewritten module, the part of a rewrite "
-      "no splice can save")
+    p("context (issue 12's rows, not targets): the rewrite against recompile() of the rewritten module (the part "
+      "of a rewrite no splice can save) and against copy-then-edit")
     for t in context_rows(rows):
         p(f"  {t.workload:<{width}}  {t.target:<34}  {t.verdict:<12}  {t.measured}")
     errors = [(r, e) for r in rows for e in r.errors]
@@ -1182,7 +1307,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                     help="--examples for --check-library (default: its own)")
     ap.add_argument("--json", type=Path, default=None, help="also write rows, exponents and targets to this file")
     ap.add_argument("--profile", action="store_true",
-                    help="afterwards, cProfile one copying rewrite of the slowest row (largest rw/rc)")
+                    help="afterwards, cProfile one copying rewrite of the slowest row (largest rw/cf at the largest N)")
     ap.add_argument("-q", "--quiet", dest="verbose", action="store_false", help="only the final report")
     args = ap.parse_args(argv)
     args.sizes = sorted(set(args.sizes or (QUICK_SIZES if args.quick else DEFAULT_SIZES)))
@@ -1224,7 +1349,7 @@ def main(argv: Sequence[str] | None = None, out: Any = None) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps({"rows": [asdict(r) for r in bench.rows], **summary}, indent=1, default=str))
     if args.profile and bench.rows:
-        slowest = max(bench.rows, key=lambda r: (r.size, _ratio(r.rewrite_ms, r.recompile_ms) or 0))
+        slowest = max(bench.rows, key=lambda r: (r.size, _ratio(r.rewrite_ms, r.copy_floor_ms) or 0))
         config = next(c for c in args.grid if (c.workload, c.shape, c.density) == slowest.key[:3]
                       and c.rules in (0, slowest.rules))
         profile(config, slowest.size, out)

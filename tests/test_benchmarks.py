@@ -28,12 +28,16 @@ def test_quick_run_prints_every_workload_the_target_table_and_passes_its_correct
     text = out.getvalue()
     for workload in bench.WORKLOADS:
         assert f"\n{workload:<9} chain    300" in text or f"\n{workload:<9} chain    299" in text, workload
-    for row in ("copying rewrite, 3 created nodes, 50% matched, R=10, 8k and 64k", "the same, 10% matched",
-                "inplace=True, all rows", "scaling exponent", "fxrewrite check, shipped library, -j 2",
-                "peak memory of a copying rewrite"):
+    for row in ("copying rewrite / one-pass copying floor, every row", "in place / in-place floor, every row",
+                "scaling exponent", "fxrewrite check, shipped library, -j 2", "peak memory of a copying rewrite",
+                "copying rewrite / copy-then-edit floor, all rows"):
         assert row in text
     assert "CORRECTNESS: PASS" in text
-    assert "rw/fl" in text and "hand-written floor worst" in text
+    assert "rw/fl" in text and "rw/cf" in text and "hand-written floor worst" in text
+    verdicts = text[text.index("per-row verdicts against the floors"):text.index("targets (issue 24")]
+    for workload in bench.WORKLOADS:  # one verdict line per row, with both verdicts
+        lines = [line for line in verdicts.splitlines() if line.startswith(f"{workload:<9} chain")]
+        assert len(lines) == 2 and all(len([w for w in line.split() if w in ("PASS", "FAIL")]) == 2 for line in lines)
 
 
 WORKLOADS = ["create1", "create3", "create10", "delete", "modules", "attention"]
@@ -65,6 +69,39 @@ def test_every_planted_block_is_rewritten_and_the_output_is_the_expected_one(ben
                                equal_nan=True)
 
 
+def test_the_graphs_are_python_programs_traced_by_fx_and_their_blocks_are_where_the_spec_says(bench):
+    import torch
+
+    _, work, spec, gm = _planted(bench, "create3")
+    assert isinstance(spec.program, torch.nn.Module) and spec.traced.code == torch.fx.symbolic_trace(spec.program).code
+    nodes = list(gm.graph.nodes)
+    for first, last, rule in spec.blocks:
+        outer, inner = work.pairs[rule]
+        assert (nodes[first].target, nodes[last].target) == (inner, outer) and last == first + 1
+    x = work.example_input()
+    torch.testing.assert_close(gm(x), spec.program(x), rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("workload", WORKLOADS)
+def test_the_one_pass_floor_builds_the_rewrite_s_graph_and_leaves_the_input_untouched(bench, workload):
+    import torch
+
+    import fxrewrite
+
+    _, work, spec, gm = _planted(bench, workload)
+    before = gm.code
+    floor = bench.one_pass_floor(gm, spec, work)
+    floor.graph.lint()
+    assert floor is not gm and gm.code == before
+    result = fxrewrite.rewrite(gm, work.ruleset())
+    incidental = result.report.rewrites - len(spec.blocks)
+    missing = bench.graph_signature(floor) - bench.graph_signature(result.module)
+    assert not bench.graph_signature(result.module) - bench.graph_signature(floor)
+    assert sum(missing.values()) == incidental and (incidental == 0 or workload == "delete")
+    x = work.example_input()
+    torch.testing.assert_close(floor(x), work.expected_module(spec)(x), rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
 @pytest.mark.parametrize("workload", WORKLOADS)
 def test_the_hand_written_floor_makes_the_rewrite_s_edits_and_leaves_the_input_untouched(bench, workload):
     import torch
@@ -85,7 +122,8 @@ def test_the_hand_written_floor_makes_the_rewrite_s_edits_and_leaves_the_input_u
 
 def test_a_wrong_floor_is_reported_as_a_correctness_failure(bench, monkeypatch):
     # the floor's check must be able to fail: a floor leaving out the created nodes computes something else
-    monkeypatch.setattr(bench.CreateNodes, "hand_replacement", lambda self, gm, block, rule: block[0].args[0])
+    monkeypatch.setattr(bench.CreateNodes, "emit", lambda self, graph, block, rule, value_of, make, add_module:
+                        value_of(block[0].args[0]))
     out = io.StringIO()
     status = bench.main(["--quick", "--sizes", "300", "--workloads", "create1", "-q", "--no-fx", "--no-memory"],
                         out=out)
@@ -94,16 +132,25 @@ def test_a_wrong_floor_is_reported_as_a_correctness_failure(bench, monkeypatch):
 
 def test_a_wrong_rewrite_is_reported_as_a_correctness_failure(bench, monkeypatch):
     # the check must be able to fail: the expected module gets one more op than the rules create
-    original = bench.CreateNodes.replacement_ops
+    original = bench.CreateNodes.replaced
 
-    def one_more(self, rule, src, emit):
-        return emit(("call_function", bench.operator.mul, (original(self, rule, src, emit), 3.0)))
+    def one_more(self, program, rule, x):
+        return original(self, program, rule, x) * 3.0
 
-    monkeypatch.setattr(bench.CreateNodes, "replacement_ops", one_more)
+    monkeypatch.setattr(bench.CreateNodes, "replaced", one_more)
     out = io.StringIO()
     status = bench.main(["--quick", "--sizes", "300", "--workloads", "create1", "-q", "--no-fx", "--no-memory"],
                         out=out)
     assert status == 1 and "CORRECTNESS: FAIL" in out.getvalue() and "output differs" in out.getvalue()
+
+
+def test_a_floor_building_another_graph_is_reported_as_a_correctness_failure(bench, monkeypatch):
+    # both sides of a ratio must build the same graph: a floor keeping the matched nodes does not
+    monkeypatch.setattr(bench.CreateNodes, "matched", lambda self, block: [])
+    out = io.StringIO()
+    status = bench.main(["--quick", "--sizes", "300", "--workloads", "create1", "-q", "--no-fx", "--no-memory"],
+                        out=out)
+    assert status == 1 and "the one-pass copying floor builds another graph than the rewrite" in out.getvalue()
 
 
 @pytest.mark.slow
