@@ -1,0 +1,237 @@
+"""Effects read from the ATen schemas: which arguments a call writes, which inputs its result
+may alias, and which nodes write a value.
+"""
+
+from __future__ import annotations
+
+import inspect
+import operator
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.fx.node import Node
+
+from .._torch import tree_leaves
+from .ops import FUNCTIONALS, VIEW_ATTRIBUTES, dtype_conversion, is_check
+from .schema import _bind, aten_overload, result_kind
+
+__all__ = [
+    "AUTOGRAD_ONLY_WRITES",
+    "alias_class",
+    "aliased_inputs",
+    "is_written",
+    "mutation",
+    "writers_of",
+    "written_arguments",
+]
+
+
+# -- effects: mutation and aliasing, from the ATen schemas ------------------------------------
+
+def mutation(node: Node) -> str | None:
+    """How ``node`` writes into an argument, in words, or ``None`` when it does not.
+
+    >>> g = torch.fx.Graph(); x = g.placeholder("x")
+    >>> mutation(g.call_method("add_", (x, 1)))
+    "calls the in-place method '.add_()'"
+    >>> mutation(g.call_function(torch.ops.aten.relu.default, (x,))) is None
+    True
+    """
+    kwargs = node.kwargs
+    if "out" in kwargs:
+        return "writes into an out= argument"
+    if _inplace_flag(node):
+        return "passes inplace=True"
+    if node.op == "call_module":
+        module = _submodule(node)
+        return f"calls the in-place module '{node.target}'" if getattr(module, "inplace", False) is True else None
+    if node.op not in ("call_method", "call_function"):
+        return None
+    key = (node.op, node.target)
+    try:
+        return _target_mutation_cache[key]
+    except (KeyError, TypeError):
+        pass
+    found = _target_mutation(node.op, node.target)
+    try:
+        _target_mutation_cache[key] = found
+    except TypeError:  # an unhashable target
+        pass
+    return found
+
+
+_target_mutation_cache: dict[tuple[str, Any], str | None] = {}
+
+
+def _target_mutation(op: str, target: Any) -> str | None:
+    """How calling ``target`` writes into an argument, whatever the arguments (see :func:`mutation`)."""
+    if op == "call_method":
+        if isinstance(target, str) and target.endswith("_") and not target.endswith("__"):
+            return f"calls the in-place method '.{target}()'"
+        return None
+    if isinstance(target, torch._ops.OpOverload):
+        return f"calls the mutating op {target}" if target._schema.is_mutable else None
+    name = getattr(target, "__name__", "")
+    if target is operator.setitem or target in _INPLACE_OPERATORS or (name.endswith("_") and not name.endswith("__")):
+        return f"calls the in-place function {name}"
+    return None
+
+
+_INPLACE_OPERATORS = frozenset({
+    operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv, operator.imod,
+    operator.ipow, operator.imatmul, operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift,
+})
+
+
+def written_arguments(node: Node) -> tuple[Node, ...]:
+    """The graph values ``node`` writes into (empty for a pure call)."""
+    if mutation(node) is None:
+        return ()
+    if "out" in node.kwargs:
+        return tuple(v for v in tree_leaves(node.kwargs["out"]) if isinstance(v, Node))
+    if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and not _inplace_flag(node):
+        named = _bind(node.target._schema, node.args, node.kwargs) or {}
+        written = [a.name for a in node.target._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+        return tuple(v for name in written for v in tree_leaves(named.get(name))
+                     if isinstance(v, Node))
+    first = node.args[0] if node.args else None
+    return (first,) if isinstance(first, Node) else ()
+
+
+def _inplace_flag(node: Node) -> bool:
+    if node.kwargs.get("inplace") is True:
+        return True
+    if node.op == "call_function" and _is_functional(node.target):
+        try:
+            bound = inspect.signature(node.target).bind(*node.args, **node.kwargs)  # type: ignore[arg-type]
+        except TypeError:
+            return False
+        return bound.arguments.get("inplace") is True
+    return False
+
+
+def _is_functional(target: Any) -> bool:
+    return _held_in(target, FUNCTIONALS)
+
+
+def _held_in(target: Any, table: Any) -> bool:
+    """``target in table``, false for an unhashable target (a call_function may call anything)."""
+    try:
+        return target in table
+    except TypeError:
+        return False
+
+
+def _submodule(node: Node) -> Any:
+    owner = node.graph.owning_module
+    try:
+        return owner.get_submodule(str(node.target)) if owner is not None else None
+    except AttributeError:
+        return None
+
+
+def aliased_inputs(node: Node) -> tuple[Node, ...]:
+    """The input nodes whose storage ``node``'s result may share: from the alias annotations of
+    the ATen schema (``Tensor(a) self -> Tensor(a)``), for every spelling of the call. Calls
+    fxrewrite knows nothing about (modules, user functions) may alias any of their inputs.
+
+    >>> g = torch.fx.Graph(); x = g.placeholder("x")
+    >>> [n.name for n in aliased_inputs(g.call_method("contiguous", (x,)))]
+    ['x']
+    >>> aliased_inputs(g.call_function(torch.neg, (x,)))
+    ()
+    """
+    if node.op in ("placeholder", "get_attr", "output"):
+        return ()
+    if node.op == "call_function" and node.target is operator.getitem:
+        return (node.args[0],) if isinstance(node.args[0], Node) else ()
+    if node.op == "call_function" and node.target is getattr:
+        source = node.args[0]
+        return (source,) if node.args[1] in VIEW_ATTRIBUTES and isinstance(source, Node) else ()
+    if result_kind(node) == "value" or is_check(node):
+        return ()
+    if node.op in ("call_function", "call_method"):
+        conversion = dtype_conversion(node.op, node.target, node.args, node.kwargs)
+        if conversion is not None:  # `to` returns its input when the dtype already fits
+            source = node.args[0]
+            return (source,) if isinstance(source, Node) and not _always_copies(node) else ()
+        found = aten_overload(node.op, node.target, node.args, node.kwargs)
+        if found is not None:
+            return _schema_aliases(*found)
+    return tuple(node.all_input_nodes)
+
+
+def _always_copies(node: Node) -> bool:
+    return node.target in (torch.ops.aten._to_copy.default, torch.ops.prims.convert_element_type.default)
+
+
+def _schema_aliases(overload: torch._ops.OpOverload, named: Mapping[str, Any]) -> tuple[Node, ...]:
+    sets = set()
+    for ret in overload._schema.returns:
+        if ret.alias_info is not None:
+            sets |= set(ret.alias_info.before_set) | set(ret.alias_info.after_set)
+            if isinstance(ret.type, torch.ListType) and not sets:  # Tensor(a)[]: the elements alias
+                sets |= {s for a in overload._schema.arguments if a.alias_info is not None
+                         for s in a.alias_info.before_set}
+    if not sets:
+        return ()
+    found = []
+    for argument in overload._schema.arguments:
+        info = argument.alias_info
+        if info is not None and (set(info.before_set) | set(info.after_set)) & sets:
+            found += [v for v in tree_leaves(named.get(argument.name)) if isinstance(v, Node)]
+    return tuple(found)
+
+
+def alias_class(node: Node, limit: int = 256) -> list[Node] | None:
+    """``node`` and every value that may share its storage: what it views (its bases), and what
+    views them, transitively; ``None`` when there are more than ``limit`` (treat as unknown)."""
+    found, stack = {node: None}, [node]
+    while stack:
+        n = stack.pop()
+        related = [*aliased_inputs(n), *(u for u in n.users if n in aliased_inputs(u))]
+        for other in related:
+            if other not in found:
+                found[other] = None
+                stack.append(other)
+                if len(found) > limit:
+                    return None
+    return list(found)
+
+
+def is_written(node: Node) -> bool:
+    """True when ``node``'s value, or any value sharing its storage, is written in place
+    somewhere in the graph (conservatively True when the alias class is too large to walk)."""
+    return writers_of(node) != ()
+
+
+#: In-place ops that change no value, only autograd's view of it.
+AUTOGRAD_ONLY_WRITES = frozenset({"detach_", "requires_grad_"})
+
+
+def writers_of(node: Node) -> tuple[Node, ...] | None:
+    """The nodes writing in place into ``node``'s value or a value sharing its storage, in graph
+    order; ``None`` when the alias class is too large to walk (treat as written). ``detach_``
+    and ``requires_grad_`` write no value and are not counted.
+
+    >>> g = torch.fx.Graph(); x = g.placeholder("x"); y = g.call_method("relu", (x,))
+    >>> w = g.call_method("add_", (y, 1)); d = g.call_method("detach_", (x,))
+    >>> [n.name for n in writers_of(y)], writers_of(x)
+    (['add_'], ())
+    """
+    members = alias_class(node)
+    if members is None:
+        return None
+    member_set = set(members)
+    found = {user: None for member in members for user in member.users
+             if mutation(user) is not None and not _autograd_only(user)
+             and member_set.intersection(written_arguments(user))}
+    return tuple(found)
+
+
+def _autograd_only(node: Node) -> bool:
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        target = target._schema.name.partition("::")[2]
+    return isinstance(target, str) and target in AUTOGRAD_ONLY_WRITES
