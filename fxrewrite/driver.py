@@ -257,7 +257,7 @@ class Driver:
     def _apply(self, rule: Rule, match: Match, tally: _Tally) -> None:
         """Splice ``rule``'s replacement in at ``match``; the change event refills the worklist."""
         if self.rewrites >= self.budget:
-            raise self._did_not_converge()
+            raise _did_not_converge(self.ruleset, self.recent, self.budget)
         self._last = (rule, match.anchor.name)
         started = time.perf_counter()
         self._applying = (rule, match)
@@ -342,16 +342,19 @@ class Driver:
                 f"debug check: the graph fails lint after rule '{rule.name}' ({rule.origin}) was applied: {exc}"
             ) from exc
 
-    def _did_not_converge(self) -> DidNotConverge:
-        counts = collections.Counter(self.recent).most_common()
-        firing = ", ".join(f"'{name}' ({k}x)" for name, k in counts)
-        origins = "; ".join(f"{name} at {self.ruleset[name].origin}" for name, _ in counts)
-        return DidNotConverge(
-            f"the rewrite did not reach a fixed point within {self.budget} rewrites; the last "
-            f"{len(self.recent)} rewrites were by {firing}. Rules that undo each other (a rule and its "
-            f"inverse) never settle: remove one, or add a where= guard. ({origins}). Raise max_rewrites "
-            f"if the graph really needs more rewrites."
-        )
+
+
+def _did_not_converge(ruleset: RuleSet, recent: Iterable[str], budget: int) -> DidNotConverge:
+    """The error for a drive that used up its ``budget``, naming the rules ``recent``ly applied."""
+    counts = collections.Counter(recent).most_common()
+    firing = ", ".join(f"'{name}' ({k}x)" for name, k in counts)
+    origins = "; ".join(f"{name} at {ruleset[name].origin}" for name, _ in counts)
+    return DidNotConverge(
+        f"the rewrite did not reach a fixed point within {budget} rewrites; the last "
+        f"{sum(k for _, k in counts)} rewrites were by {firing}. Rules that undo each other (a rule and its "
+        f"inverse) never settle: remove one, or add a where= guard. ({origins}). Raise max_rewrites "
+        f"if the graph really needs more rewrites."
+    )
 
 
 def _same_bindings(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
