@@ -175,3 +175,40 @@ def test_bench_models_quick_runs_checks_and_prints_the_table():
         for level in bench_models.LEVELS:
             assert any(line.split()[:2] == [model, level] for line in out.splitlines()), (model, level)
     assert "causal_attention x1" in out and "conv_bn_fold x3" in out and "quantize_linear x3" in out
+
+
+@pytest.fixture(scope="module")
+def bench_rules():
+    return _load("bench_rules")
+
+
+@pytest.mark.slow
+def test_bench_rules_quick_mode_reports_both_families_and_their_verdicts(bench_rules):
+    out = io.StringIO()
+    assert bench_rules.main(["--quick", "--nodes", "600"], out=out) == 0, out.getvalue()
+    text = out.getvalue()
+    for family in bench_rules.FAMILIES:
+        assert sum(line.startswith(f"{family:<8}") for line in text.splitlines()) == 2
+        assert f"{family:<8} R=100 vs R=10" in text
+    assert "CORRECTNESS: PASS" in text
+
+
+def test_the_rule_families_are_the_same_program_for_every_rule_count_and_the_index_makes_the_same_rewrites(
+        bench_rules):
+    import torch
+
+    import fxrewrite
+
+    for family in bench_rules.FAMILIES:
+        gm, planted = bench_rules.build(family, 300)
+        expected, _ = bench_rules.build(family, 300, rewritten=True)
+        rules = bench_rules.ruleset(family, 20)
+        plain = fxrewrite.rewrite(gm, rules)
+        with bench_rules.indexed_rules():
+            indexed = fxrewrite.rewrite(gm, rules)
+        assert planted and plain.report.rewrites == indexed.report.rewrites == planted
+        assert plain.code == indexed.code
+        assert sum(indexed.report.attempts.values()) < sum(plain.report.attempts.values()) / 4
+        indexed.module.graph.lint()
+        x = torch.linspace(-2, 2, 16)
+        torch.testing.assert_close(indexed.module(x), expected(x), rtol=1e-5, atol=1e-6, equal_nan=True)
