@@ -1,0 +1,114 @@
+"""fxrewrite.canon.effects: What a node computes, which inputs it aliases and which it writes: one row
+per op family."""
+
+from __future__ import annotations
+
+import operator
+
+import pytest
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+from fxrewrite.canon import (
+    aliased_inputs,
+    is_check,
+    is_written,
+    mutation,
+    result_kind,
+    written_arguments,
+)
+
+X = torch.randn(3, 4)
+Y = torch.randn(3, 4)
+
+
+# ---- what a node means: one row per op family ----------------------------------------------------------------------
+#
+# Each row builds one node in a small graph and states what canon answers about it. These answers
+# drive matching (result kind), the driver's in-place check (mutation, aliasing) and recording on
+
+
+def _node(build):
+    """The last node ``build(graph, x, y)`` makes, in a graph with tensor placeholders x, y."""
+    graph = fx.Graph()
+    x, y = graph.placeholder("x"), graph.placeholder("y")
+    node = build(graph, x, y)
+    graph.output(node)
+    return node, x, y
+
+
+FAMILIES = {
+    # name: (build, result kind, aliases x?, written argument or None)
+    "pointwise op": (lambda g, x, y: g.call_function(torch.add, (x, y)), "tensor", False, None),
+    "python operator on graph inputs": (lambda g, x, y: g.call_function(operator.mul, (x, y)), "unknown", False, None),
+    "python operator on a tensor": (lambda g, x, y: g.call_function(operator.mul, (g.call_method("neg", (x,)), 2)),
+                                    "tensor", False, None),
+    "aten overload": (lambda g, x, y: g.call_function(torch.ops.aten.neg.default, (x,)), "tensor", False, None),
+    "view method": (lambda g, x, y: g.call_method("transpose", (x, 0, 1)), "tensor", True, None),
+    "view aten": (lambda g, x, y: g.call_function(torch.ops.aten.view.default, (x, [4])), "tensor", True, None),
+    "contiguous may alias": (lambda g, x, y: g.call_method("contiguous", (x,)), "tensor", True, None),
+    "float() may alias": (lambda g, x, y: g.call_method("float", (x,)), "tensor", True, None),
+    "to(dtype) may alias": (lambda g, x, y: g.call_method("to", (x, torch.float32)), "tensor", True, None),
+    "_to_copy copies": (lambda g, x, y: g.call_function(torch.ops.aten._to_copy.default, (x,),
+                                                        {"dtype": torch.float16}),
+                        "tensor", False, None),
+    "swapaxes": (lambda g, x, y: g.call_method("swapaxes", (x, 0, 1)), "tensor", True, None),
+    "moveaxis": (lambda g, x, y: g.call_function(torch.moveaxis, (x, 0, 1)), "tensor", True, None),
+    "ravel": (lambda g, x, y: g.call_method("ravel", (x,)), "tensor", True, None),
+    "unfold": (lambda g, x, y: g.call_method("unfold", (x, 0, 2, 1)), "tensor", True, None),
+    "positive": (lambda g, x, y: g.call_function(torch.positive, (x,)), "tensor", True, None),
+    ".real": (lambda g, x, y: g.call_function(getattr, (x, "real")), "tensor", True, None),
+    ".mT": (lambda g, x, y: g.call_function(getattr, (x, "mT")), "tensor", True, None),
+    "indexing": (lambda g, x, y: g.call_function(operator.getitem, (x, 0)), "unknown", True, None),
+    "split tuple": (lambda g, x, y: g.call_method("split", (x, 2)), "sequence", True, None),
+    "in-place method": (lambda g, x, y: g.call_method("add_", (x, y)), "unknown", True, "x"),
+    "in-place aten": (lambda g, x, y: g.call_function(torch.ops.aten.mul_.Tensor, (x, y)), "tensor", True, "x"),
+    "inplace=True keyword": (lambda g, x, y: g.call_function(F.relu, (x,), {"inplace": True}), "unknown", True, "x"),
+    "inplace=True positional": (lambda g, x, y: g.call_function(F.relu, (x, True)), "unknown", True, "x"),
+    "out= argument": (lambda g, x, y: g.call_function(torch.add, (x, 1), {"out": y}), "unknown", True, "y"),
+    "setitem": (lambda g, x, y: g.call_function(operator.setitem, (x, 0, y)), "unknown", True, "x"),
+    "size method": (lambda g, x, y: g.call_method("size", (x, -1)), "value", False, None),
+    ".shape": (lambda g, x, y: g.call_function(getattr, (x, "shape")), "value", False, None),
+    ".dtype": (lambda g, x, y: g.call_function(getattr, (x, "dtype")), "value", False, None),
+    "dim method": (lambda g, x, y: g.call_method("dim", (x,)), "value", False, None),
+    "sym_size": (lambda g, x, y: g.call_function(torch.ops.aten.sym_size.int, (x, 0)), "value", False, None),
+    "size arithmetic": (lambda g, x, y: g.call_function(operator.mul, (g.call_method("size", (x, 0)),
+                                                                         g.call_method("size", (x, 1)))),
+                        "value", False, None),
+    "math on sizes": (lambda g, x, y: g.call_function(__import__("math").sqrt, (g.call_method("size", (x, -1)),)),
+                      "value", False, None),
+    "max.dim tuple": (lambda g, x, y: g.call_function(torch.ops.aten.max.dim, (x, 0)), "sequence", False, None),
+    "check node": (lambda g, x, y: g.call_function(torch.ops.aten._assert_tensor_metadata.default, (x,),
+                                                   {"dtype": torch.float32}), "none", False, None),
+    "unknown user function": (lambda g, x, y: g.call_function(lambda a, b: a, (x, y)), "unknown", True, None),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_what_a_node_computes_aliases_and_writes(family):
+    build, kind, aliases_x, written = FAMILIES[family]
+    node, x, y = _node(build)
+    assert result_kind(node) == kind
+    assert (x in aliased_inputs(node)) is aliases_x
+    expected_written = {"x": (x,), "y": (y,), None: ()}[written]
+    assert written_arguments(node) == expected_written
+    assert (mutation(node) is not None) is (written is not None)
+
+
+def test_writes_are_found_through_every_alias_and_base():
+    gm = fx.symbolic_trace(lambda a: (a.contiguous().float().swapaxes(0, 1).add_(1), a.neg()))
+    a = next(n for n in gm.graph.nodes if n.op == "placeholder")
+    neg = next(n for n in gm.graph.nodes if n.target == "neg")
+    assert is_written(a)  # written through a chain of (possible) views
+    assert not is_written(neg)
+
+
+def test_a_check_node_is_recognised_only_without_users():
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    check = graph.call_function(torch.ops.aten._assert_scalar.default, (x, "msg"))
+    relu = graph.call_function(torch.ops.aten.relu.default, (x,))
+    graph.output(relu)
+    assert is_check(check)
+    assert not is_check(relu)

@@ -1,0 +1,175 @@
+"""fxrewrite.canon.meaning: Matching by meaning: dims, respelled calls, in-place ops on fresh tensors,
+tensor constants."""
+
+from __future__ import annotations
+
+import operator
+
+import pytest
+import torch
+import torch.fx as fx
+from _canon import R4, exp_of, fires
+
+from fxrewrite import Rule, rewrite
+from fxrewrite.canon import (
+    by_meaning,
+    canonical_name,
+    node_keys,
+    respelled,
+)
+
+X = torch.randn(3, 4)
+Y = torch.randn(3, 4)
+
+
+# ---- matching by meaning: arguments and respelled calls -----------------------------------------
+
+
+def test_transpose_dims_compare_against_the_known_rank_in_either_order():
+    rule = exp_of(lambda x: x.transpose(-2, -1))
+    assert fires(lambda a: torch.exp(a.transpose(2, 3)), rule, R4) == 1
+    assert fires(lambda a: torch.exp(a.transpose(3, 2)), rule, R4) == 1
+    assert fires(lambda a: torch.exp(a.transpose(-1, -2)), rule, R4, shapes=False) == 1
+
+
+def test_positive_dims_do_not_match_negative_ones_without_the_rank():
+    rule = exp_of(lambda x: x.transpose(-2, -1))
+    assert fires(lambda a: torch.exp(a.transpose(2, 3)), rule, R4, shapes=False) == 0
+    assert fires(lambda a: torch.exp(a.transpose(1, 3)), rule, R4) == 0
+
+
+def test_a_permute_that_swaps_two_dims_is_a_transpose():
+    rule = exp_of(lambda x: x.transpose(1, 2))
+    assert fires(lambda a: torch.exp(a.permute(0, 2, 1, 3)), rule, R4) == 1
+    assert fires(lambda a: torch.exp(a.permute(0, 2, 3, 1)), rule, R4) == 0  # a rotation, not a swap
+
+
+@pytest.mark.parametrize("spelling", [lambda a: a[:, None], lambda a: a[..., None, :], lambda a: a.unsqueeze(1)],
+                         ids=["[:, None]", "[..., None, :]", "unsqueeze(1)"])
+def test_an_index_that_inserts_a_dim_is_unsqueeze(spelling):
+    rule = exp_of(lambda x: x.unsqueeze(-2))
+    assert fires(lambda a: torch.exp(spelling(a)), rule, X) == 1
+
+
+def test_an_index_that_selects_is_not_unsqueeze():
+    rule = exp_of(lambda x: x.unsqueeze(1))
+    assert fires(lambda a: torch.exp(a[:, None, 0]), rule, X) == 0
+
+
+def test_one_over_x_is_reciprocal_and_two_over_x_is_not():
+    rule = exp_of(torch.reciprocal)
+    positive = torch.rand(3, 4) + 0.5
+    assert fires(lambda a: torch.exp(1 / a), rule, positive) == 1
+    assert fires(lambda a: torch.exp(2 / a), rule, positive) == 0
+
+    class M(torch.nn.Module):
+        def forward(self, a):
+            return torch.exp(1 / a)
+
+    result = rewrite(torch.export.export(M(), (positive,)), rule)  # exported: reciprocal(a) * 1
+    assert result.report.applied["exp_op"] == 1
+    torch.testing.assert_close(result.module(positive), M()(positive))
+
+
+def test_mT_is_a_transpose_of_the_last_two_dims_but_not_on_a_0d_tensor():
+    rule = exp_of(lambda x: x.transpose(-2, -1))
+    assert fires(lambda a: torch.exp(a.mT), rule, R4) == 1
+    assert fires(lambda a: torch.exp(a.mT), rule, R4, shapes=False) == 1
+    gm = fx.symbolic_trace(lambda a: torch.exp(a.mT))
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # mT of a 0-d tensor is deprecated
+        assert rewrite(gm, rule, example_inputs=(torch.tensor(2.0),)).report.applied["exp_op"] == 0
+
+
+def test_a_softmax_dtype_equal_to_its_input_is_no_argument():
+    rule = exp_of(lambda x: torch.softmax(x, -1))
+    assert fires(lambda a: torch.exp(torch.softmax(a, -1, dtype=torch.float32)), rule, X) == 1
+    assert fires(lambda a: torch.exp(torch.softmax(a, -1, dtype=torch.float32)), rule, X.double()) == 0
+
+
+def test_shape_index_is_size():
+    rule = Rule.from_functions(lambda x: x * x.size(-1), lambda x: x.size(-1) * x, name="times_size")
+    assert fires(lambda a: a * a.shape[-1], rule, X, shapes=False) == 1
+
+
+def test_by_meaning_leaves_captured_dims_as_the_graph_writes_them():
+    x = fx.Graph().placeholder("x")
+    d = fx.Graph().placeholder("d")
+    assert by_meaning("sum", ("self", "dim"), (x, [d]), (x, [1]), None) == ((x, [d]), (x, [1]))
+
+
+def test_node_keys_of_a_swapping_permute_are_transpose_and_permute():
+    gm = fx.symbolic_trace(lambda a: a.permute(1, 0))
+    permute = next(n for n in gm.graph.nodes if n.op == "call_method")
+    assert node_keys(permute) == (("aten", "transpose"), ("aten", "permute"))
+    assert respelled(permute) == ("transpose", {"self": permute.args[0], "dim0": -2, "dim1": -1})
+
+
+def test_the_values_of_a_reduction_result_are_its_element_0():
+    rule = Rule.from_functions(lambda x: torch.exp(x.max(-1).values), lambda x: torch.exp(torch.amax(x, -1)),
+                               name="exp_max")
+    assert fires(lambda a: torch.exp(a.max(-1)[0]), rule, X) == 1
+    assert fires(lambda a: torch.exp(a.max(-1).values), rule, X) == 1
+    assert fires(lambda a: torch.exp(a.max(-1)[1].float()), rule, X) == 0  # the indices
+
+
+def test_python_division_of_numbers_reads_1_and_1_0_alike_but_not_tensor_division():
+    import math
+
+    rule = Rule.from_functions(lambda x, t: x * (1 / math.sqrt(t.size(-1))), lambda x, t: x * t.size(-1) ** -0.5,
+                               name="inverse_sqrt")
+    assert fires(lambda a: a * (1.0 / math.sqrt(a.size(-1))), rule, X, shapes=False) == 1
+    assert fires(lambda a: a * (1 / math.sqrt(a.size(-1))), rule, X, shapes=False) == 1
+    assert fires(lambda a: a * (2 / math.sqrt(a.size(-1))), rule, X, shapes=False) == 0
+    tensor_rule = Rule.from_functions(lambda x: torch.exp(1.0 / x), lambda x: torch.exp(1.0 / x), name="t")
+    ints = torch.arange(1, 5)
+    assert canonical_name("call_function", operator.truediv) == "div"
+    assert fires(lambda a: torch.exp(1 / a), tensor_rule, ints) == 1  # both are reciprocal(a)
+
+
+def test_an_in_place_op_on_a_fresh_tensor_nobody_else_reads_is_its_functional_op():
+    class Scaled(torch.nn.Module):
+        def forward(self, a, b):
+            scores = a @ b
+            scores /= 2.0  # Falcon's spelling; torch.export keeps aten.div_
+            return torch.softmax(scores, -1)
+
+    class Shared(torch.nn.Module):
+        def forward(self, a, b):
+            scores = a @ b
+            kept = scores * 1.5
+            scores /= 2.0  # kept read scores before the write: not a plain division
+            return torch.softmax(scores, -1) + kept
+
+    rule = Rule.from_functions(lambda x, y: torch.softmax(x @ y / 2.0, -1), lambda x, y: torch.softmax(x @ y * 0.5, -1),
+                               name="softmax_half")
+    a, b = torch.randn(3, 4), torch.randn(4, 5)
+    for model, count in ((Scaled(), 1), (Shared(), 0)):
+        program = torch.export.export(model, (a, b))
+        result = rewrite(program, rule)
+        assert result.report.applied["softmax_half"] == count, type(model).__name__
+        torch.testing.assert_close(result.module(a, b), model(a, b))
+
+
+def test_a_literal_capture_binds_the_number_a_0d_tensor_constant_holds():
+    """GPT-Neo's mask value is torch.tensor(finfo.min): exported, a lifted constant behind
+    lift_fresh_copy and detach_."""
+    def where_pattern(c, s, m: float):
+        return torch.softmax(torch.where(c, s, m), -1)
+
+    rule = Rule.from_functions(where_pattern, lambda c, s, m: torch.softmax(s.masked_fill(~c, m), -1), name="where_m")
+
+    class Masked(torch.nn.Module):
+        def forward(self, c, s):
+            return torch.softmax(torch.where(c, s, torch.tensor(-1e9)), -1)
+
+    class Vector(torch.nn.Module):
+        def forward(self, c, s):
+            return torch.softmax(torch.where(c, s, torch.tensor([-1e9, -1e9, -1e9, -1e9])), -1)
+
+    c, s = torch.rand(3, 4) > 0.3, torch.randn(3, 4)
+    for model, count in ((Masked(), 1), (Vector(), 0)):
+        result = rewrite(torch.export.export(model, (c, s)), rule)
+        assert result.report.applied["where_m"] == count, type(model).__name__
+        torch.testing.assert_close(result.module(c, s), model(c, s))
