@@ -28,6 +28,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ._gc import collections_paused
 from .dsl import parse_rules
 from .errors import RuleDefinitionError, RuleLoadError
 from .rule import Rule, RuleBuilder, RuleSet
@@ -71,7 +72,16 @@ def load_rules(path: str | Path | None = None, *, names: Mapping[str, Any] | Non
     >>> both = load_rules(mine, with_standard=True)
     >>> both.names[-1], len(both) == len(load_rules()) + 1
     ('exp_log', True)
+
+    Python's cyclic garbage collector is paused while the rules load (:mod:`fxrewrite._gc`): a
+    load allocates many objects and keeps most, and the full collections it would trigger walk
+    every object of the process, torch's included (about a third of loading the library).
     """
+    with collections_paused():
+        return _load_rules(path, names, with_standard)
+
+
+def _load_rules(path: str | Path | None, names: Mapping[str, Any] | None, with_standard: bool) -> RuleSet:
     if with_standard and path is not None:
         return RuleSet(_unique([load_rules(names=names), load_rules(path, names=names)]))
     root = standard_rules_dir() if path is None else Path(path)

@@ -465,3 +465,17 @@ def test_lark_is_imported_only_when_a_rule_file_is_parsed(tmp_path):
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["1", "1", "False", "True"], out.stderr
+
+
+def test_the_cyclic_garbage_collector_is_paused_while_rules_load_and_resumed_after(tmp_path):
+    import gc
+
+    write(tmp_path / "probe.py", "import gc\nCOLLECTING = gc.isenabled()\n")
+    write(tmp_path / "neg.fxr", NEG.format(name="neg"))
+    assert gc.isenabled()
+    load_rules(tmp_path)
+    probe = next(m for name, m in sys.modules.items() if name.startswith("fxrewrite_rules_probe_"))
+    assert probe.COLLECTING is False and gc.isenabled()
+    with pytest.raises(RuleLoadError):
+        load_rules(tmp_path / "missing")
+    assert gc.isenabled()
