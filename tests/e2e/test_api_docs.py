@@ -12,7 +12,7 @@ import pytest
 
 import fxrewrite
 
-API = (Path(__file__).resolve().parent.parent / "docs" / "api.md").read_text()
+API = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
 #: A definition line: it starts with the signature, e.g. `explain(target, rules, *, misses=3) -> Explanation`
 SIGNATURE = re.compile(r"^`(@?[A-Za-z_][\w.]*)\(([^`]*)\)(?: -> [^`]*)?`", re.MULTILINE)
 

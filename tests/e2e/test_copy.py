@@ -13,7 +13,7 @@ from fxrewrite import Rule, rewrite
 from fxrewrite.loader import import_file
 from fxrewrite.target import _copy_graph, _copy_graph_module
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _example(name: str):

@@ -283,10 +283,10 @@ def test_values_and_indices_are_replaced_by_one_topk_call():
 
 @pytest.mark.slow
 def test_most_shipped_rules_match_the_export_of_their_own_case():
-    """Each shipped rule's test case (tests/test_stdlib.py), exported, is rewritten by that rule.
+    """Each shipped rule's test case (tests/e2e/test_stdlib.py), exported, is rewritten by that rule.
     Rules whose pattern calls a module (conv_bn_fold, ...) cannot match an exported graph, where
     modules are inlined, and a few patterns are already rewritten by torch.export itself."""
-    from tests.test_stdlib import CASES, LIBRARY
+    from test_stdlib import CASES, LIBRARY  # tests/e2e is on sys.path (tests/conftest.py)
 
     fired = []
     for name, case in sorted(CASES.items()):
