@@ -22,6 +22,7 @@ import fxrewrite.target
 from fxrewrite.cli import build_parser, main
 
 
+@pytest.mark.slow
 def test_check_command_reports_every_rule_and_exits_0_when_sound():
     out = io.StringIO()
     assert main(["check", "rules/algebra.fxr", "--examples", "5"], out=out) == 0
@@ -29,6 +30,7 @@ def test_check_command_reports_every_rule_and_exits_0_when_sound():
     assert "double_neg" in text and "sound" in text
 
 
+@pytest.mark.slow
 def test_check_command_exits_1_on_an_unsound_rule(tmp_path):
     bad = tmp_path / "bad.fxr"
     bad.write_text('rule sub_self "Replaces x - x by zeros.":\n    x - x => torch.zeros_like(x)\n')
@@ -187,6 +189,7 @@ def test_the_report_table_is_the_same_in_the_api_and_the_cli(project):
     assert [r.split()[:4] for r in cli_rows] == [r.split()[:4] for r in api_rows]
 
 
+@pytest.mark.slow
 def test_apply_add_rules_adds_to_the_standard_library(project):
     (project / "twice.fxr").write_text("rule twice:\n    x * 2 => x + x\n")
     code, out, err = run("apply", "net.py:model", "--add-rules", "twice.fxr", "--check")
@@ -220,6 +223,7 @@ def test_a_guard_without_shapes_refuses_and_the_table_says_how_to_get_them(proje
     assert rows(out)["wide_relu"][:2] == ["2", "0"] and "carries no shapes" not in out
 
 
+@pytest.mark.slow
 def test_linear_bn_fold_without_shapes_says_why_it_was_guarded_and_fires_with_them(project):
     """The issue's case: the shipped linear_bn_fold showed `guarded 1` and explain only said
     that its guard returned False."""
@@ -273,6 +277,7 @@ def test_check_passes_rewrites_that_only_round_differently(project):
     assert code == 0 and "check: ok" in out
 
 
+@pytest.mark.slow
 def test_explain_after_others_sees_the_graph_apply_leaves(project):
     """-(-h) sits between two relus: the standard relu_relu misses there on the traced graph, but
     the rest of the standard library removes it (double_neg), and then it matches. (An eval-mode
@@ -290,6 +295,7 @@ def test_explain_after_others_sees_the_graph_apply_leaves(project):
     assert "match at 'relu_1'" in after and "match at 'relu_3'" in after
 
 
+@pytest.mark.slow
 def test_check_add_rules_checks_the_standard_library_and_the_added_rules(project):
     (project / "mine.fxr").write_text("rule abs_twice:\n    torch.abs(torch.abs(x)) => torch.abs(x)\n")
     code, out, _ = run("check", "--add-rules", "mine.fxr", "--rule", "abs_twice", "--rule", "double_neg",
@@ -324,6 +330,7 @@ def test_list_shows_origins_relative_to_the_rules_directory_for_py_and_fxr(proje
     assert out.splitlines()[-1] == f"{len(origins)} rule(s) (the standard library, in {ROOT / 'rules'})"
 
 
+@pytest.mark.slow
 def test_list_into_a_closed_pipe_is_not_an_error():
     done = subprocess.run(f"{sys.executable} -m fxrewrite list | head -1", shell=True, cwd=ROOT, capture_output=True,
                           text=True, timeout=120, check=False)
@@ -366,6 +373,7 @@ def test_numpy_is_a_dependency_so_torch_never_warns_it_is_missing():
 # ---- -o: a folder that can be moved ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_output_folder_can_be_moved_and_imported_from_its_new_place(project, tmp_path_factory):
     code, out, err = run("apply", "net.py:model", "--rules", "neg.fxr", "-o", "written")
     assert (code, err) == (0, ""), out

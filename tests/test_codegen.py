@@ -69,6 +69,7 @@ def import_and_run(parent, package: str, data) -> subprocess.CompletedProcess[st
                           text=True, timeout=300, check=False)
 
 
+@pytest.mark.slow
 def test_a_written_folder_can_be_moved_and_imported_from_its_new_place(tmp_path):
     model = Net(extra=True)
     folder = write_module(rewritten(model), tmp_path / "first" / "written")

@@ -1386,6 +1386,7 @@ def calls_to_rewrite(rewrite: Callable[..., Any], n_pairs: int) -> int:
     return counter.calls
 
 
+@pytest.mark.slow
 def test_work_grows_linearly_with_the_graph():
     """An 8x longer chain must cost about 8x the calls (quadratic would be ~64x). The same
     measure applied to torch.fx on a 4x longer chain shows its quadratic growth (~16x)."""

@@ -20,13 +20,21 @@ def python_blocks(page: Path) -> list[str]:
     return BLOCK.findall(page.read_text())
 
 
-#: Pages whose examples run property searches or torch.compile: in the slow set (CI runs it).
-SLOW_PAGES = {"docs/testing.md", "docs/torch-compile.md"}
+#: Pages whose examples run property searches, torch.compile or the command line on the library
+#: (a second or more of CPU): in the slow set (CI runs it).
+SLOW_PAGES = {"docs/cli.md", "docs/testing.md", "docs/torch-compile.md", "docs/writing-rules.md"}
+
+
+#: Pages whose examples show rules that are wrong on purpose (fxrewrite warns of them).
+WARNING_PAGES = {"docs/errors.md"}
 
 
 def _page_param(page: Path) -> object:
     name = page.relative_to(ROOT).as_posix()
-    return pytest.param(page, id=name, marks=pytest.mark.slow) if name in SLOW_PAGES else pytest.param(page, id=name)
+    marks = [pytest.mark.slow] if name in SLOW_PAGES else []
+    if name in WARNING_PAGES:
+        marks.append(pytest.mark.filterwarnings("ignore::fxrewrite.RuleWarning"))
+    return pytest.param(page, id=name, marks=marks)
 
 
 @pytest.mark.parametrize("page", [_page_param(p) for p in PAGES if python_blocks(p)])

@@ -16,7 +16,13 @@ MODULES = sorted(
 )
 
 
-@pytest.mark.parametrize("name", MODULES)
+#: Modules whose examples run property searches, torch.compile or load the library (a second or
+#: more of CPU): in the slow set (CI runs it).
+SLOW_MODULES = {"fxrewrite.inductor", "fxrewrite.loader", "fxrewrite.testing", "fxrewrite.testing._inputs",
+                "fxrewrite.testing._values", "fxrewrite.testing.equivalence", "fxrewrite.testing.repair"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(m, marks=pytest.mark.slow) if m in SLOW_MODULES else m for m in MODULES])
 def test_docstring_examples_run(name):
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE, verbose=False)

@@ -86,6 +86,7 @@ def test_conv_bn_folding_leaves_the_callers_model_intact():
     assert_rewrite_sound(model, result, x, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_gpt2_eager_attention_becomes_sdpa_through_export_in_every_layer():
     pytest.importorskip("transformers")
     result = load("07_gpt2_attention_export.py").main()
@@ -236,6 +237,7 @@ def ex04():
     return load_once("04_activation_fusions.py")
 
 
+@pytest.mark.slow
 def test_activation_fusions_on_the_traced_mobilenet(ex04):
     model = ex04.mobile_net()
     (x,) = ex04.example_inputs()
@@ -249,6 +251,7 @@ def test_activation_fusions_on_the_traced_mobilenet(ex04):
         torch.testing.assert_close(result.module(x), model(x), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_activation_fusions_on_the_exported_mobilenet(ex04):
     model = ex04.mobile_net()
     (x,) = ex04.example_inputs()
@@ -405,6 +408,7 @@ def run_cli(argv: list[str], monkeypatch) -> tuple[int, str]:
     return code, buf.getvalue()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", [
     "examples/03_attention_to_sdpa.py:gpt",
     "examples/03_attention_to_sdpa.py:gpt_masked_fill",

@@ -643,6 +643,7 @@ FUZZ_SETTINGS = dict(deadline=None, database=None, print_blob=True,
 CI_FIGURES = Figures()
 
 
+@pytest.mark.slow
 @settings(max_examples=CI_EXAMPLES, derandomize=True, **FUZZ_SETTINGS)
 @given(st.data())
 def test_fuzz_rewrite_is_sound_or_fails_cleanly(data):

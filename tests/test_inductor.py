@@ -101,6 +101,7 @@ def compile_with(fn, options, *args):
 # -- the pass at every stage ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", ["pre_grad", "joint", "joint_post", "post_grad", "post_grad_post"])
 def test_one_rule_set_rewrites_at_every_inductor_stage(stage):
     rules, census = fxrewrite.inductor_pass(RULES, stage=stage), Census()
@@ -110,6 +111,7 @@ def test_one_rule_set_rewrites_at_every_inductor_stage(stage):
     assert census.seen and census.seen[0]["neg(neg)"] == 0  # no -(-y) left after the pass
 
 
+@pytest.mark.slow
 def test_joint_stage_rewrites_forward_and_backward_and_gradients_match():
     rules = fxrewrite.inductor_pass(NEG_NEG, stage="joint")
     x = X.clone().requires_grad_()
@@ -122,6 +124,7 @@ def test_joint_stage_rewrites_forward_and_backward_and_gradients_match():
     assert rules.report.applied == {"neg_neg": 2}  # -(-y) forward, -(-grad) backward
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", ["pre_grad", "post_grad"])
 def test_replacement_branching_on_shape_and_dtype_runs_at_torch_and_aten_stages(stage):
     rules = fxrewrite.inductor_pass(SILU_ALIGNED, stage=stage)
@@ -130,6 +133,7 @@ def test_replacement_branching_on_shape_and_dtype_runs_at_torch_and_aten_stages(
     assert rules.report.applied == {"silu_aligned": 1}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", ["pre_grad", "post_grad"])
 def test_replacement_branching_on_a_symbolic_size_under_dynamic_shapes(stage):
     rules = fxrewrite.inductor_pass(SILU_ALIGNED, stage=stage)
@@ -145,6 +149,7 @@ def test_replacement_branching_on_a_symbolic_size_under_dynamic_shapes(stage):
     assert "branches on a size that is symbolic in this graph (dynamic shapes)" in reason
 
 
+@pytest.mark.slow
 def test_rules_without_branches_work_under_dynamic_shapes():
     rules = fxrewrite.inductor_pass(RULES, stage="post_grad")
     compiled = torch.compile(gated, dynamic=True, options={**rules.options, "fx_graph_cache": False})
@@ -153,6 +158,7 @@ def test_rules_without_branches_work_under_dynamic_shapes():
     assert rules.report.applied == {"silu": 1, "neg_neg": 1} and rules.graphs == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", ["pre_grad", "post_grad"])
 def test_inductor_hands_the_pass_the_subgraphs_of_torch_cond_too(stage):
     def branchy(x):
@@ -184,6 +190,7 @@ class _Gated(torch.nn.Module):
         return gated(x, w)
 
 
+@pytest.mark.slow
 def test_pre_grad_pass_keeps_dynamos_metadata_convention():
     graphs = []
 
@@ -346,6 +353,7 @@ def compile_cached(options) -> dict[str, int]:
     return cache_counts()
 
 
+@pytest.mark.slow
 def test_fx_graph_cache_hits_for_the_same_rules_and_misses_for_a_changed_rule():
     first = fxrewrite.inductor_pass(RULES, stage="post_grad")
     assert compile_cached(first.options) == {"miss": 1}
@@ -357,6 +365,7 @@ def test_fx_graph_cache_hits_for_the_same_rules_and_misses_for_a_changed_rule():
     assert compile_cached(fxrewrite.inductor_pass(RuleSet([SILU, changed])).options) == {"miss": 1}
 
 
+@pytest.mark.slow
 def test_a_pass_without_uuid_bypasses_the_cache_so_the_cache_test_can_fail():
     class NoUuid(Census):
         def uuid(self):
@@ -378,6 +387,7 @@ class _Block(torch.nn.Module):
         return -(-(y * torch.sigmoid(y)))  # noqa: B002 (two negations, on purpose)
 
 
+@pytest.mark.slow
 def test_backend_rewrites_dynamos_graph_then_hands_it_to_inductor():
     model, backend = _Block().eval(), fxrewrite.backend(RULES)
     with torch.no_grad():
@@ -385,6 +395,7 @@ def test_backend_rewrites_dynamos_graph_then_hands_it_to_inductor():
     assert backend.report.applied == {"silu": 1, "neg_neg": 1} and backend.graphs == 1
 
 
+@pytest.mark.slow
 def test_backend_hands_the_rewritten_graph_to_eager_or_a_callable():
     graphs = []
 
@@ -412,6 +423,7 @@ def test_backend_with_an_unknown_name_or_a_non_callable_is_an_error():
 # -- side by side -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_two_rule_sets_and_someone_elses_pass_run_side_by_side_in_order():
     first, census = fxrewrite.inductor_pass(SILU, stage="pre_grad"), Census()
     second = fxrewrite.inductor_pass(NEG_NEG, stage="pre_grad")
@@ -471,6 +483,7 @@ def test_rewrite_graph_refuses_what_is_not_a_graph():
 # -- examples/08 --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_example_08_rules_directory_fires_inside_a_compiled_gpt():
     """tests/test_examples.py runs the whole script; this checks what fired, backend only."""
     example = import_file(Path(__file__).resolve().parent.parent / "examples" / "08_rules_in_torch_compile.py",

@@ -1034,6 +1034,7 @@ def test_whole_library_converges_to_a_fixed_point(model_name):
     assert_rewrite_sound(model, again, *inputs, **tolerance(LIBRARY))
 
 
+@pytest.mark.slow
 def test_whole_library_converges_on_every_rule_case():
     for name, case in CASES.items():
         program, inputs = case.model(), case.inputs()
