@@ -37,8 +37,8 @@ Only what the block's own thread changed is put back. Each item is one of two ki
   with torch's native pool), float32 matmul precision, ``warn_always``, the random seed, the
   global hook dictionaries. When no other Python thread is alive as the block begins, every change
   is the block's own (no other thread exists to make one) and is put back. Otherwise the block's
-  calls are watched on its thread alone (``sys.setprofile`` is per thread; the watch costs about
-  as much again as the traced code, so it is only paid when other threads exist) and a changed
+  calls are watched on its thread alone (``sys.setprofile`` is per thread; the watch makes a
+  pattern's trace about three times as slow, so it is only paid when other threads exist) and a changed
   item is put back only if this thread called one of its setters (:attr:`_Item.setters`, e.g.
   ``torch._C._set_default_dtype`` for the default dtype); a hook dictionary loses only the hooks
   this thread registered (the handles its ``register_module_*`` calls returned) and gets back
@@ -360,14 +360,18 @@ class _Calls:
 _ALWAYS_WATCH = False
 
 
-def _watch() -> _Calls | None:
+def _watch() -> tuple[_Calls | None, bool]:
     """Start watching this thread's calls when another Python thread is alive (and this thread
-    has no profiler of its own); ``None`` when every change during the block is this thread's."""
-    if (threading.active_count() == 1 and not _ALWAYS_WATCH) or sys.getprofile() is not None:
-        return None
+    has no profiler of its own): the watch (``None`` when every change during the block is this
+    thread's) and whether this block installed it (a nested block shares its outer block's)."""
+    current = sys.getprofile()
+    if isinstance(current, _Calls):
+        return current, False
+    if (threading.active_count() == 1 and not _ALWAYS_WATCH) or current is not None:
+        return None, False
     calls = _Calls()
     sys.setprofile(calls)
-    return calls
+    return calls, True
 
 
 def _own(item: _Item, calls: _Calls | None) -> bool:
@@ -427,10 +431,10 @@ def torch_state_preserved() -> Iterator[StateChanges]:
     """
     saved = _snapshot()
     changes = StateChanges()
-    calls = _watch()
+    calls, installed = _watch()
     try:
         yield changes
     finally:
-        if calls is not None:
+        if installed:
             sys.setprofile(None)
         _restore(saved, changes, calls)

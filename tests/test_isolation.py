@@ -296,3 +296,24 @@ def test_a_direct_assignment_while_other_threads_run_is_kept_and_named(monkeypat
         assert "left print options as it is" in caplog.text
     finally:
         torch._tensor_str.PRINT_OPTS.precision = precision
+
+
+def test_a_nested_block_shares_the_outer_watch_and_leaves_it_on(monkeypatch):
+    """An inner block (a pattern traced while another is) attributes by the outer block's watch,
+    not as if it were alone, and leaves the watch to the outer block."""
+    import sys
+
+    monkeypatch.setattr(isolation, "_ALWAYS_WATCH", True)
+    precision = torch._tensor_str.PRINT_OPTS.precision
+    try:
+        with torch_state_preserved():
+            outer = sys.getprofile()
+            with torch_state_preserved() as inner:
+                torch.set_default_dtype(torch.float64)
+                torch._tensor_str.PRINT_OPTS.precision = precision + 5  # unattributable while watched
+            assert sys.getprofile() is outer and isinstance(outer, isolation._Calls)
+            assert inner.restored == ("default dtype",) and inner.kept == ("print options",)
+            assert torch.get_default_dtype() == torch.float32
+        assert sys.getprofile() is None
+    finally:
+        torch._tensor_str.PRINT_OPTS.precision = precision
