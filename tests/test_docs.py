@@ -33,7 +33,8 @@ def _page_param(page: Path) -> object:
     name = page.relative_to(ROOT).as_posix()
     marks = [pytest.mark.slow] if name in SLOW_PAGES else []
     if name in WARNING_PAGES:
-        marks.append(pytest.mark.filterwarnings("ignore::fxrewrite.RuleWarning"))
+        marks += [pytest.mark.filterwarnings("ignore::fxrewrite.RuleWarning"),
+                  pytest.mark.filterwarnings("ignore:not rewritten:UserWarning")]
     return pytest.param(page, id=name, marks=marks)
 
 

@@ -97,6 +97,7 @@ def test_gpt2_eager_attention_becomes_sdpa_through_export_in_every_layer():
     program.graph_module.graph.lint()
 
 
+@pytest.mark.slow
 def test_gpt2_eager_attention_becomes_sdpa_from_the_command_line(capsys):
     pytest.importorskip("transformers")
     from fxrewrite.cli import main

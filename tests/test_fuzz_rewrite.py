@@ -650,6 +650,7 @@ def test_fuzz_rewrite_is_sound_or_fails_cleanly(data):
     fuzz_once(data, CI_FIGURES)
 
 
+@pytest.mark.slow
 def test_fuzz_ci_budget_exercises_the_library():
     """The CI budget is not vacuous: rules fire and the graphs are not trivial."""
     figures = Figures()

@@ -171,6 +171,7 @@ def test_inductor_hands_the_pass_the_subgraphs_of_torch_cond_too(stage):
     assert rules.report.applied == {"neg_neg": 2} and rules.graphs == 3  # the graph and both branches
 
 
+@pytest.mark.slow
 def test_post_grad_pass_lowers_new_nodes_through_inductors_decompositions():
     gm = torch.export.export(_Gated(), (X, W)).run_decompositions().graph_module
     before = op_names(gm.graph)
@@ -239,7 +240,8 @@ def test_uuid_is_a_content_hash_of_the_rules():
         RuleSet([Rule.from_functions(SILU.pattern, SILU.replacement, name="silu", where=lambda m: True), NEG_NEG]),
         RuleSet([Rule.from_functions(SILU.pattern, SILU.replacement, name="silu", tolerance={"rtol": 1e-3}),
                  NEG_NEG]),
-        RuleSet([Rule.from_functions(SILU.pattern, SILU.replacement, name="silu", domain={"x": "finite"}), NEG_NEG]),
+        RuleSet([Rule.from_functions(SILU.pattern, SILU.replacement, name="silu", domain={"special_values": False}),
+                 NEG_NEG]),
     ]
     uuids = [fxrewrite.inductor_pass(r).uuid() for r in others]
     assert len({base, *uuids}) == len(others) + 1

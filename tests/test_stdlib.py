@@ -748,9 +748,16 @@ def _hf_norm(name: str, dtype: torch.dtype) -> tuple[nn.Module, torch.Tensor, tu
     return norm.to(dtype), (randn(2, 5, 16) * 3).to(dtype), names
 
 
+@pytest.fixture(scope="module")
+def hf_norm_classes() -> None:
+    """Imports transformers' modeling modules of HF_NORMS once, in set-up (over a second of CPU)."""
+    for module, cls, _ in HF_NORMS.values():
+        _hf_class(module, cls)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("name", ["gemma", "llama"])
-def test_library_fuses_hugging_face_rms_norms_traced(name, dtype):
+def test_library_fuses_hugging_face_rms_norms_traced(name, dtype, hf_norm_classes):
     """The same classes under symbolic_trace (T5LayerNorm's ``if`` on its weight's dtype does not
     trace): the casts are call_method nodes (``.to(torch.float32)``, ``.float()``, ``.type_as``)."""
     norm, x, names = _hf_norm(name, dtype)
@@ -762,7 +769,7 @@ def test_library_fuses_hugging_face_rms_norms_traced(name, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("name", sorted(HF_NORMS))
-def test_library_fuses_hugging_face_rms_norms(name, dtype):
+def test_library_fuses_hugging_face_rms_norms(name, dtype, hf_norm_classes):
     """In float32 T5's upcast of the input (``x.to(float32)``) is a no-op the matcher looks through,
     so T5's own rule fires; in bfloat16 every cast is real and stays in the pattern."""
     norm, x, names = _hf_norm(name, dtype)

@@ -1,0 +1,104 @@
+"""The test suite's own rules hold: the one-second rule of ``tests/conftest.py`` fails an unmarked
+slow test, and the one equivalence check of ``tests/_helpers.py`` compares every output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from _helpers import assert_same_outputs
+
+pytest_plugins = ["pytester"]
+
+CONFTEST = Path(__file__).resolve().parent.parent / "conftest.py"
+
+BURNING = """
+import time
+
+import pytest
+
+
+def burn(seconds):
+    start = time.process_time()
+    while time.process_time() - start < seconds:
+        pass
+
+
+def test_quick():
+    pass
+
+
+def test_unmarked_and_slow():
+    burn(0.3)
+
+
+@pytest.mark.slow
+def test_marked_and_slow():
+    burn(0.3)
+
+
+def test_failing_and_slow():
+    burn(0.3)
+    assert 1 == 2, "its own failure"
+"""
+
+
+@pytest.fixture
+def suite(pytester: pytest.Pytester) -> pytest.Pytester:
+    """A copy of the project's conftest with a 0.2 s limit (so the test stays quick), and BURNING."""
+    text = CONFTEST.read_text()
+    assert "SLOW_SECONDS = 1.0\n" in text
+    pytester.makeconftest(text.replace("SLOW_SECONDS = 1.0\n", "SLOW_SECONDS = 0.2\n"))
+    pytester.makeini("[pytest]\nmarkers =\n    slow: slow\n")
+    pytester.makepyfile(test_burning=BURNING)
+    return pytester
+
+
+def test_an_unmarked_test_over_the_cpu_limit_fails_and_says_what_to_do(suite):
+    result = suite.runpytest("-p", "no:fxrewrite", "-p", "no:cacheprovider", "-rf")
+    result.assert_outcomes(passed=2, failed=2)
+    result.stdout.fnmatch_lines([
+        "*test_burning.py::test_unmarked_and_slow took 0.* s of CPU time (the limit for an unmarked test is 0.2 s): "
+        "mark it @pytest.mark.slow or make it faster",
+    ])
+    result.stdout.fnmatch_lines(["*its own failure*"])  # a test that failed keeps its own failure
+    assert "test_marked_and_slow took" not in result.stdout.str()
+
+
+# ---- assert_same_outputs, the comparison behind assert_rewrite_sound -------------------------------------
+
+
+def test_every_output_of_a_tuple_is_compared():
+    assert_same_outputs((torch.ones(2), torch.ones(3)), (torch.ones(2), torch.ones(3)))
+    with pytest.raises(AssertionError, match=r"output \[1\]"):
+        assert_same_outputs((torch.ones(2), torch.zeros(3)), (torch.ones(2), torch.ones(3)))
+
+
+@pytest.mark.parametrize(("actual", "expected"), [
+    (torch.ones(2), (torch.ones(2),)),  # a tensor is not a one-tuple
+    ((torch.ones(2),), [torch.ones(2)]),  # a tuple is not a list
+    ((torch.ones(2),), (torch.ones(2), torch.ones(2))),  # an output missing
+    ({"a": torch.ones(2)}, {"b": torch.ones(2)}),  # other keys
+    ([[torch.ones(1)], torch.ones(1)], [[torch.ones(1), torch.ones(1)]]),  # nested otherwise
+])
+def test_outputs_structured_otherwise_differ(actual, expected):
+    with pytest.raises(AssertionError, match="differ in structure"):
+        assert_same_outputs(actual, expected)
+
+
+@pytest.mark.parametrize("actual", [
+    torch.ones(2, dtype=torch.float64),  # dtype
+    torch.ones(1, 2),  # shape
+    torch.ones(2) + 1e-3,  # values
+])
+def test_a_tensor_differs_in_dtype_shape_or_values(actual):
+    with pytest.raises(AssertionError, match="the output"):
+        assert_same_outputs(actual, torch.ones(2))
+
+
+def test_nested_outputs_are_compared_leaf_by_leaf():
+    expected = {"logits": torch.ones(2), "past": [(torch.ones(1), torch.zeros(1))]}
+    assert_same_outputs({"logits": torch.ones(2), "past": [(torch.ones(1), torch.zeros(1))]}, expected)
+    with pytest.raises(AssertionError, match=r"output \['past'\]\[0\]\[1\]"):
+        assert_same_outputs({"logits": torch.ones(2), "past": [(torch.ones(1), torch.ones(1))]}, expected)
