@@ -20,7 +20,7 @@ from _helpers import standard_rules
 import fxrewrite
 from fxrewrite.loader import import_file
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 # What the shipped library does today on these architectures: (attention blocks turned into
 # SDPA, normalisation nodes added, activation nodes added). When the matcher or the library

@@ -28,7 +28,7 @@ import fxrewrite
 from fxrewrite import cli
 from fxrewrite.loader import import_file
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 
 

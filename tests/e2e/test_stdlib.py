@@ -26,7 +26,7 @@ import fxrewrite
 from fxrewrite import RuleSet, rewrite
 from fxrewrite.loader import load_rules
 
-RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
+RULES_DIR = Path(__file__).resolve().parents[2] / "rules"
 LIBRARY: RuleSet = load_rules(RULES_DIR)
 
 
