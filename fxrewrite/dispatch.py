@@ -249,10 +249,14 @@ def _best_probe(rules: Sequence[Rule]) -> _Probe | None:
 
 
 class _Bucket:
-    """The rules of one anchor key, in order, filed below it."""
+    """The rules of one anchor key, in order, filed below it, and the visits it served."""
 
     def __init__(self, rules: Sequence[Rule]) -> None:
         self.rules = tuple(rules)
+        self.position = {id(r): i for i, r in enumerate(self.rules)}
+        self.full = 0  # visits at which the plain search would have reached every rule
+        self.stops: dict[int, int] = {}  # position of the rule that fired -> visits that stopped there
+        self.tried = [0] * len(self.rules)  # per rule, visits at which it was a candidate and was reached
         self.always: list[int] = []
         self.by_input: dict[Hashable, list[int]] = {}
         self.groups: list[_Group] = []
@@ -284,9 +288,10 @@ class _Bucket:
             rarest = min(required, key=lambda k: (counts[k], repr(k)))
             self.by_input.setdefault(rarest, []).append(i)
 
-    def select(self, node: Node) -> Sequence[Rule]:
+    def select(self, node: Node) -> list[int]:
+        """Positions of the rules that may match at ``node``, in order."""
         if not self.by_input and not self.groups:
-            return self.rules
+            return list(range(len(self.rules)))
         positions = list(self.always)
         if self.by_input:
             for key in input_keys(node):
@@ -294,7 +299,27 @@ class _Bucket:
         for group in self.groups:
             positions += group.select(node)
         positions.sort()
-        return [self.rules[i] for i in positions]
+        return positions
+
+    def visited(self, candidates: Sequence[int], stop: int | None) -> None:
+        """One visit: the plain search would have tried the rules up to ``stop`` (all: ``None``)."""
+        if stop is None:
+            self.full += 1
+        else:
+            self.stops[stop] = self.stops.get(stop, 0) + 1
+        for i in candidates:
+            if stop is not None and i > stop:
+                break
+            self.tried[i] += 1
+
+    def left_out(self) -> dict[str, int]:
+        """Per rule, the visits at which the plain search would have tried it and the index did not
+        offer it (a suffix sum over the stops: no loop over the rules per visit)."""
+        out, reached = {}, self.full
+        for i in range(len(self.rules) - 1, -1, -1):
+            reached += self.stops.get(i, 0)
+            out[self.rules[i].name] = reached - self.tried[i]
+        return out
 
 
 class RuleIndex:
@@ -312,15 +337,40 @@ class RuleIndex:
             by_key.setdefault(rule.anchor_key, []).append(rule)
         self._plain = {key: tuple(rs) for key, rs in by_key.items()}
         self._buckets = {key: _Bucket(rs) for key, rs in by_key.items()}
+        self._last: tuple[Node | None, list[tuple[_Bucket, list[int]]]] = (None, [])
 
     def candidates(self, node: Node) -> Sequence[Rule]:
         """The rules that may match with ``node`` as their anchor (never one that could, see
         the module's docstring)."""
-        keys = node_keys(node)
-        if len(keys) == 1:
-            bucket = self._buckets.get(keys[0])
-            return bucket.select(node) if bucket is not None else ()
-        return [r for key in keys if key in self._buckets for r in self._buckets[key].select(node)]
+        selected = [(self._buckets[key], self._buckets[key].select(node)) for key in node_keys(node)
+                    if key in self._buckets]
+        self._last = (node, selected)
+        if len(selected) == 1:
+            bucket, positions = selected[0]
+            return bucket.rules if len(positions) == len(bucket.rules) else [bucket.rules[i] for i in positions]
+        return [bucket.rules[i] for bucket, positions in selected for i in positions]
+
+    def visited(self, node: Node, applied: Rule | None) -> None:
+        """Note that the driver tried :meth:`candidates` of ``node`` in order until ``applied``
+        fired (``None``: none did), so that :meth:`left_out` can say what the plain search
+        would have counted. Costs O(candidates tried), never O(rules)."""
+        last, selected = self._last
+        if last is not node:
+            selected = [(self._buckets[k], self._buckets[k].select(node)) for k in node_keys(node)
+                        if k in self._buckets]
+        stopped = False
+        for bucket, positions in selected:
+            if stopped:
+                break  # the plain search never reached the rules of the later keys
+            stop = bucket.position.get(id(applied)) if applied is not None else None
+            bucket.visited(positions, stop)
+            stopped = stop is not None
+
+    def left_out(self) -> dict[str, int]:
+        """Per rule, the visits (noted by :meth:`visited`) at which the plain search would have
+        tried it and the index did not offer it: what a driver adds to the attempts it counted to
+        report the plain search's ``attempts``."""
+        return {name: n for bucket in self._buckets.values() for name, n in bucket.left_out().items()}
 
     def plain(self, node: Node) -> Sequence[Rule]:
         """The slow twin: every rule anchored at what ``node`` computes, under each of its keys."""

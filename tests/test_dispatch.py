@@ -340,3 +340,40 @@ def test_many_literal_differing_rules_leave_a_bounded_number_of_candidates_per_n
 @pytest.mark.slow
 def test_a_thousand_literal_differing_rules_leave_a_bounded_number_of_candidates_per_node():
     _bounded_candidates(1000, 20)
+
+
+# -- the plain search's attempt counts, kept without trying the rules left out --------------------
+
+
+def _drive_once(gm: fx.GraphModule, rules_at: Callable[[fx.Node], Sequence[Rule]],
+                visited: Callable[[fx.Node, Rule | None], None] | None = None) -> collections.Counter[str]:
+    """The driver's loop at every node, without rewriting: rules tried in order until one matches."""
+    attempts: collections.Counter[str] = collections.Counter()
+    for node in gm.graph.nodes:
+        applied = None
+        for rule in rules_at(node):
+            attempts[rule.name] += 1
+            if next(iter(match_at(rule.compiled, node, gm)), None) is not None:
+                applied = rule
+                break
+        if visited is not None:
+            visited(node, applied)
+    return attempts
+
+
+def test_the_index_tells_how_many_attempts_the_plain_search_would_have_counted():
+    rules = [*LITERAL_RULES[:12], _times(0, 2), _times(1, 3),
+             *(_after(op, i) for i, op in enumerate((torch.neg, torch.sin)))]
+    rules.insert(3, Rule.from_functions(lambda x: x * 2.75, lambda x: x + x * 1.75, name="times_late"))
+
+    def f(x):
+        y = (x + 3.5) * 2.75 + torch.relu(torch.sin(x)) * 3
+        return torch.relu(y * 2.75) * 2 + (y + 4.5) * 2.5
+
+    gm = fx.symbolic_trace(f)
+    index = RuleIndex(rules)
+    plain = _drive_once(gm, index.plain)
+    tried = _drive_once(gm, index.candidates, index.visited)
+    assert sum(tried.values()) < sum(plain.values()) / 2
+    left_out = index.left_out()
+    assert {r.name: tried[r.name] + left_out[r.name] for r in rules} == {r.name: plain[r.name] for r in rules}
