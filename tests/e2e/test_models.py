@@ -47,6 +47,7 @@ def _hf(kind: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     return Hidden().eval(), (ids,)
 
 
+@pytest.mark.slow  # an export of a Hugging Face model takes one to two seconds of CPU
 @pytest.mark.parametrize("kind", ["gpt2", "bert", "llama"])
 def test_the_library_leaves_a_hugging_face_model_equivalent(kind):
     model, inputs = _hf(kind)
