@@ -200,9 +200,9 @@ def test_the_rule_families_are_the_same_program_for_every_rule_count_and_the_ind
     import fxrewrite
 
     for family in bench_rules.FAMILIES:
-        gm, planted = bench_rules.build(family, 300)
-        expected, _ = bench_rules.build(family, 300, rewritten=True)
-        rules = bench_rules.ruleset(family, 20)
+        gm, planted = bench_rules.build(family, 200)
+        expected, _ = bench_rules.build(family, 200, rewritten=True)
+        rules = bench_rules.ruleset(family, 12)
         plain = fxrewrite.rewrite(gm, rules)
         with bench_rules.indexed_rules():
             indexed = fxrewrite.rewrite(gm, rules)
