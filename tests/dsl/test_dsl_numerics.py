@@ -49,6 +49,7 @@ def test_a_contract_and_a_tolerance_line_are_an_error():
         _rule("numerics ulp 2\n    tolerance atol=1e-3")
 
 
+@pytest.mark.slow  # property-checks rules under their contracts: 1.5 s of CPU
 def test_the_checker_enforces_a_contract_written_in_the_dsl():
     exact = fxrewrite.parse_rules(
         "rule add_zero:\n    x + 0.0 => x\n    numerics bitwise\n    domain dtypes=(torch.float32,)\n")["add_zero"]
