@@ -43,7 +43,10 @@ def assert_same_parse(cached, fresh) -> None:
 def trusted_entries():
     """The entries the cache would hand out now (stored under the key of their own text)."""
     for path in _cache.entries():
-        key, value = _cache.read_entry(path)
+        try:
+            key, value = _cache.read_entry(path)
+        except FileNotFoundError:  # pruned meanwhile by another process writing to the same cache
+            continue
         if key == _cache.rule_file_key(value.source.text) and path.stem == key:
             yield value
 
