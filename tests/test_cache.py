@@ -13,6 +13,7 @@ import pytest
 
 import fxrewrite
 from fxrewrite import RuleSyntaxError, _cache
+from fxrewrite.dsl.ast import RuleFile
 from fxrewrite.dsl.parse import parse
 from fxrewrite.loader import load_rules
 
@@ -45,9 +46,9 @@ def trusted_entries():
     for path in _cache.entries():
         try:
             key, value = _cache.read_entry(path)
-        except FileNotFoundError:  # pruned meanwhile by another process writing to the same cache
+        except Exception:  # pruned meanwhile by another process, or damaged: never handed out
             continue
-        if key == _cache.rule_file_key(value.source.text) and path.stem == key:
+        if isinstance(value, RuleFile) and key == _cache.rule_file_key(value.source.text) and path.stem == key:
             yield value
 
 
