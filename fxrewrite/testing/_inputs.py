@@ -18,7 +18,7 @@ from ..pattern import Param
 from ..rule import Rule
 from ._domain import Domain
 from ._nn_modules import default_module
-from ._plan import InputPlan
+from ._plan import InputPlan, draw_counts
 from ._probing import _probe
 from ._running import GuardHarness
 
@@ -53,6 +53,7 @@ def plan_inputs(rule: Rule, *, domain: Mapping[str, Any] | None = None) -> Input
         modules=tuple(p for p in params if p.kind == "module"),
         consumers=_module_consumers(rule),
         harness=GuardHarness(rule) if rule.where else None,
+        counts=draw_counts(rule),
     )
     parsed.check_names({p.name: p.kind for p in params}, where)
     for param in plan.modules:

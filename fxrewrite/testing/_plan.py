@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -98,6 +99,38 @@ class PatternErrors:
             self.found = (inputs, f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}")
 
 
+@attrs.define(eq=False)
+class DrawCounts:
+    """How many inputs the plans of one rule drew, and how many they kept (the pattern ran and
+    every guard held): ``fxrewrite check -v`` shows the rejection rate. ``refused`` remembers
+    which tensor layouts (and literals) a guard refuses."""
+
+    drawn: int = 0
+    kept: int = 0
+    refused: dict[Any, bool] = attrs.field(factory=dict, repr=False)
+
+    @property
+    def rejected_percent(self) -> float:
+        return 100.0 * (self.drawn - self.kept) / self.drawn if self.drawn else 0.0
+
+    def describe(self) -> str:
+        """``drawn 1598, kept 116, rejected 93%``."""
+        return f"drawn {self.drawn}, kept {self.kept}, rejected {self.rejected_percent:.0f}%"
+
+
+_COUNTS: weakref.WeakKeyDictionary[Rule, DrawCounts] = weakref.WeakKeyDictionary()
+
+
+def draw_counts(rule: Rule) -> DrawCounts:
+    """The draw counts of every input plan made for ``rule`` (this object) in this process;
+    :func:`reset_draw_counts` starts them again."""
+    return _COUNTS.setdefault(rule, DrawCounts())
+
+
+def reset_draw_counts(rule: Rule) -> None:
+    _COUNTS.pop(rule, None)
+
+
 @attrs.frozen(eq=False)
 class InputPlan:
     """What :func:`inputs_for` draws for one rule: its parameters, the parsed domain, and the
@@ -123,6 +156,8 @@ class InputPlan:
     own_dtype: str | None = None
     #: Where inputs the pattern raises on are tried on the replacement (``None``: they are not).
     pattern_errors: PatternErrors | None = None
+    #: What this plan and the plans made from it drew and kept (shared with :func:`draw_counts`).
+    counts: DrawCounts = attrs.field(factory=DrawCounts, repr=False)
 
     @property
     def where(self) -> str:
@@ -317,10 +352,18 @@ def _edge_rows(draw: Any, t: torch.Tensor, low: float | None, high: float | None
     return t
 
 
-@st.composite
-def _tensor_inputs(draw: Any, plan: InputPlan, config: _Config, base: tuple[int, ...]) -> dict[str, torch.Tensor]:
-    """The tensor arguments: by default all of ``base``'s shape and ``config``'s dtype; shrinking
-    leads there from shapes that broadcast to ``base`` and from mixed dtypes."""
+@attrs.frozen
+class _Layout:
+    """What a tensor argument's metadata will be, drawn before its values: shape, dtype and
+    whether it is laid out transposed. Guards see only this (and literals and modules)."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    transposed: bool
+
+
+def _tensor_choices(draw: Any, plan: InputPlan) -> tuple[bool, str | None]:
+    """Whether the tensor arguments mix dtypes, and which one takes a dtype of its own."""
     mixed = plan.domain.mixed_dtypes and len(plan.tensors) > 1 and draw(st.booleans(), label="mixed dtypes")
     mixed = mixed and plan.zero_dim is None
     # with three tensor arguments or more, one of them takes a dtype of its own (q, k, v stay alike)
@@ -328,30 +371,69 @@ def _tensor_inputs(draw: Any, plan: InputPlan, config: _Config, base: tuple[int,
     deviant = draw(st.sampled_from(names), label="own dtype") if mixed and len(names) > 2 else None
     if plan.own_dtype is not None:
         mixed, deviant = False, plan.own_dtype
-    related = plan.broadcastable
+    return mixed, deviant
+
+
+def _tensor_shape(draw: Any, plan: InputPlan, param: Param, base: tuple[int, ...]) -> tuple[int, ...]:
+    own = plan.domain.tensor_domain(param.name)
+    fixed = own.shape if own.shape is not None else base
+    smaller = param.name == plan.smaller
+    shape = draw(_related_shape(base, plan.domain.ranks[1], smaller)) if param.name in plan.broadcastable else fixed
+    return () if param.name == plan.zero_dim else shape
+
+
+def _tensor_values(draw: Any, plan: InputPlan, param: Param, layout: _Layout,
+                   drawn_values: dict[torch.dtype, list[Any]]) -> torch.Tensor:
+    """The tensor of ``layout`` for ``param``: its values drawn (sometimes those of an earlier
+    tensor of its dtype), a mask's edge rows, then its layout."""
+    own = plan.domain.tensor_domain(param.name)
+    shape, dtype = layout.shape, layout.dtype
+    values = draw(_value_lists(dtype, math.prod(shape), own.min_value, own.max_value, own.special_values,
+                               plan.separates_dtypes, plan.separating))
+    earlier = drawn_values.get(dtype)
+    if earlier and draw(st.integers(0, 3), label="same values") == 1:  # x / x, x - x: one value twice
+        values = [earlier[i % len(earlier)] for i in range(len(values))]
+    drawn_values.setdefault(dtype, values)
+    t = _build_tensor(values, shape, dtype)
+    if len(plan.tensors) > 1:  # a mask masks something else
+        t = draw(_edge_rows(t, own.min_value, own.max_value, own.special_values))
+    return _laid_out(t, layout.transposed)
+
+
+def _laid_out(t: torch.Tensor, transposed: bool) -> torch.Tensor:
+    return _non_contiguous(t) if transposed and t.dim() >= 2 and min(t.shape[-2:]) > 1 else t
+
+
+@st.composite
+def _tensor_inputs(draw: Any, plan: InputPlan, config: _Config, base: tuple[int, ...]) -> dict[str, torch.Tensor]:
+    """The tensor arguments: by default all of ``base``'s shape and ``config``'s dtype; shrinking
+    leads there from shapes that broadcast to ``base`` and from mixed dtypes. Each tensor's
+    layout and values are drawn together (the order the pinned shrinks of unguarded rules
+    depend on); :func:`_tensor_layouts` draws the layouts alone, for guarded rules."""
+    mixed, deviant = _tensor_choices(draw, plan)
     out = {}
     drawn_values: dict[torch.dtype, list[Any]] = {}
     for param in plan.tensors:
-        own = plan.domain.tensor_domain(param.name)
-        fixed = own.shape if own.shape is not None else base
-        smaller = param.name == plan.smaller
-        shape = draw(_related_shape(base, plan.domain.ranks[1], smaller)) if param.name in related else fixed
-        if param.name == plan.zero_dim:
-            shape = ()
+        shape = _tensor_shape(draw, plan, param, base)
         dtype = _argument_dtype(draw, plan, config, param, mixed and deviant in (None, param.name))
-        values = draw(_value_lists(dtype, math.prod(shape), own.min_value, own.max_value, own.special_values,
-                                   plan.separates_dtypes, plan.separating))
-        earlier = drawn_values.get(dtype)
-        if earlier and draw(st.integers(0, 3), label="same values") == 1:  # x / x, x - x: one value twice
-            values = [earlier[i % len(earlier)] for i in range(len(values))]
-        drawn_values.setdefault(dtype, values)
-        t = _build_tensor(values, shape, dtype)
-        if len(plan.tensors) > 1:  # a mask masks something else
-            t = draw(_edge_rows(t, own.min_value, own.max_value, own.special_values))
+        layout = _Layout(shape, dtype, False)
+        t = _tensor_values(draw, plan, param, layout, drawn_values)
         transposed = plan.domain.non_contiguous and draw(st.booleans(), label="non-contiguous")
-        if transposed and t.dim() >= 2 and min(t.shape[-2:]) > 1:
-            t = _non_contiguous(t)
-        out[param.name] = t
+        out[param.name] = _laid_out(t, transposed)
+    return out
+
+
+@st.composite
+def _tensor_layouts(draw: Any, plan: InputPlan, config: _Config, base: tuple[int, ...]) -> dict[str, _Layout]:
+    """The tensor arguments' layouts (shape, dtype, transposed), drawn as :func:`_tensor_inputs`
+    draws them, without their values."""
+    mixed, deviant = _tensor_choices(draw, plan)
+    out = {}
+    for param in plan.tensors:
+        shape = _tensor_shape(draw, plan, param, base)
+        dtype = _argument_dtype(draw, plan, config, param, mixed and deviant in (None, param.name))
+        transposed = plan.domain.non_contiguous and draw(st.booleans(), label="non-contiguous")
+        out[param.name] = _Layout(shape, dtype, transposed)
     return out
 
 
@@ -387,6 +469,21 @@ def _index_literals(plan: InputPlan) -> list[str]:
     return [p.name for p in plan.literals if p.annotation is int and p.name not in plan.domain.literals]
 
 
+def _index_groups(plan: InputPlan) -> list[list[str]]:
+    """:func:`_index_literals` grouped by the op of the pattern that takes them (the dims of one
+    ``permute``), in the order of the captures; one group when a single op takes them all."""
+    group = _index_literals(plan)
+    placeholders = plan.rule.compiled.placeholders
+    owner: dict[str, Any] = {}
+    for name in group:
+        users = list(placeholders[name].users) if name in placeholders else []
+        owner[name] = users[0] if users else name
+    groups: dict[Any, list[str]] = {}
+    for name in group:
+        groups.setdefault(owner[name], []).append(name)
+    return list(groups.values())
+
+
 @st.composite
 def _literal_values(draw: Any, plan: InputPlan, base: Sequence[int] = ()) -> dict[str, Any]:
     """The literal captures: each drawn on its own, or (when there are several undeclared
@@ -400,9 +497,10 @@ def _literal_values(draw: Any, plan: InputPlan, base: Sequence[int] = ()) -> dic
         values.update(zip(dtypes, draw(st.sampled_from(_DTYPE_PAIRS))))
     group = _index_literals(plan)
     if len(group) > 1 and draw(st.booleans(), label="permutation"):
-        order = draw(st.permutations(range(len(group))))
-        from_end = draw(st.lists(st.booleans(), min_size=len(group), max_size=len(group)))
-        values.update({name: i - len(group) if neg else i for name, i, neg in zip(group, order, from_end)})
+        for dims in _index_groups(plan):  # the dims of each op: permute(p).permute(q) is two permutations
+            order = draw(st.permutations(range(len(dims))))
+            from_end = draw(st.lists(st.booleans(), min_size=len(dims), max_size=len(dims)))
+            values.update({name: i - len(dims) if neg else i for name, i, neg in zip(dims, order, from_end)})
     elif len(group) > 1 and base and draw(st.integers(0, 3), label="sizes of a side") == 1:
         side = draw(st.sampled_from(list(base)))
         cuts = sorted(draw(st.lists(st.integers(0, side), min_size=len(group) - 1, max_size=len(group) - 1)))
@@ -411,7 +509,8 @@ def _literal_values(draw: Any, plan: InputPlan, base: Sequence[int] = ()) -> dic
 
 
 @st.composite
-def _raw_inputs(draw: Any, plan: InputPlan) -> dict[str, Any]:
+def _skeleton(draw: Any, plan: InputPlan) -> tuple[_Config, tuple[int, ...], dict[str, nn.Module]]:
+    """The configuration (dtype, rank), the base shape and the module captures of one draw."""
     dtype = draw(st.sampled_from(plan.dtypes))
     ranks = plan.ranks(dtype)
     modules = draw(_modules(plan))
@@ -420,8 +519,12 @@ def _raw_inputs(draw: Any, plan: InputPlan) -> dict[str, Any]:
         reject()
     if draw(st.booleans(), label="square") and sides:
         sides = [sides[0]] * len(sides)  # matmul-like patterns need equal sizes
-    config = plan.config(dtype, len(sides))
-    base = _base_shape(plan, sides, modules)
+    return plan.config(dtype, len(sides)), _base_shape(plan, sides, modules), modules
+
+
+@st.composite
+def _raw_inputs(draw: Any, plan: InputPlan) -> dict[str, Any]:
+    config, base, modules = draw(_skeleton(plan))
     values = draw(_tensor_inputs(plan, config, base))
     literals = draw(_literal_values(plan, base))
     merged = {**values, **literals, **modules}
@@ -429,12 +532,86 @@ def _raw_inputs(draw: Any, plan: InputPlan) -> dict[str, Any]:
 
 
 @st.composite
+def _layouts_first(draw: Any, plan: InputPlan) -> dict[str, Any]:
+    """The layouts of the tensors and the literals first, then the pattern and the guards tried
+    on stand-in tensors of those layouts (:func:`_layouts_refused`), and only if they may
+    accept them, the values. Most draws the pattern or a guard refuses are refused before a
+    value is drawn (values were 70% of the checker's time, and ``linear_add_bias``'s guard
+    refused 93% of its draws). :func:`_raw_inputs` is the same draw, each tensor's values
+    with its layout."""
+    config, base, modules = draw(_skeleton(plan))
+    layouts = draw(_tensor_layouts(plan, config, base))
+    literals = draw(_literal_values(plan, base))
+    if _layouts_refused(plan, layouts, literals, modules):
+        reject()
+    drawn_values: dict[torch.dtype, list[Any]] = {}
+    values = {p.name: _tensor_values(draw, plan, p, layouts[p.name], drawn_values) for p in plan.tensors}
+    merged = {**values, **literals, **modules}
+    return {p.name: merged[p.name] for p in plan.rule.compiled.params}
+
+
+def _stand_in(layout: _Layout, fill: float) -> torch.Tensor:
+    return _laid_out(torch.full(layout.shape, fill, dtype=layout.dtype), layout.transposed)
+
+
+def _layouts_refused(plan: InputPlan, layouts: Mapping[str, _Layout], literals: Mapping[str, Any],
+                     modules: Mapping[str, nn.Module]) -> bool:
+    """True when no values of ``layouts`` can be accepted: the pattern raises on stand-in
+    tensors of ones and of zeros alike (a shape the op refuses, not a value: an index out of
+    range or an integer division by zero raises on one of them only), or it runs on ones and a
+    guard returns False there (guards read shapes, dtypes and layouts, never values). A guard
+    that raises concludes nothing: the values are drawn and :func:`accepts` decides.
+    Remembered per layouts and literals (draws with module captures are not remembered)."""
+    key = None
+    if not modules:
+        key = (tuple(sorted(layouts.items())), repr(sorted(literals.items())))
+        known = plan.counts.refused.get(key)
+        if known is not None:
+            return known
+    refused = _refused_on_stand_ins(plan, layouts, {**literals, **modules})
+    if key is not None:
+        plan.counts.refused[key] = refused
+    return refused
+
+
+def _refused_on_stand_ins(plan: InputPlan, layouts: Mapping[str, _Layout], others: Mapping[str, Any]) -> bool:
+    ones = {**{name: _stand_in(layout, 1) for name, layout in layouts.items()}, **others}
+    try:
+        if plan.harness is None:
+            call_rule_function(plan.rule.pattern, ones)
+            return False
+        failed = plan.rule.failing_guard(plan.harness.match(ones))
+        return failed is not None and failed[1] is None
+    except Exception:
+        zeros = {**{name: _stand_in(layout, 0) for name, layout in layouts.items()}, **others}
+        try:
+            call_rule_function(plan.rule.pattern, zeros)
+        except Exception:
+            if plan.pattern_errors is not None:
+                plan.pattern_errors.rejected(plan.rule, zeros)
+            return True
+        return False
+
+
+def _draws_layouts_first(plan: InputPlan) -> bool:
+    """Rules with guards and no literal captures draw layouts first (their guards read the
+    tensors' shapes, dtypes and layouts). Measured on the library (CPU seconds of a 100-example
+    check): linear_add_bias 11.1 -> 7.9, matmul_add_bias 9.8 -> 6.5; but rules refused on
+    their literals or by their pattern's shape errors (permute_permute_5d, reshape4_reshape4)
+    were slower (5.5 -> 26, 5.3 -> 8.6): cheap refusals made Hypothesis draw several times
+    more, so they keep the plain draw."""
+    return plan.harness is not None and not plan.literals
+
+
+@st.composite
 def _valid_inputs(draw: Any, plan: InputPlan) -> dict[str, Any]:
-    inputs = draw(_raw_inputs(plan))
+    plan.counts.drawn += 1
+    inputs = draw(_layouts_first(plan) if _draws_layouts_first(plan) else _raw_inputs(plan))
     if not accepts(plan, inputs, guard_errors="raise"):
         if plan.pattern_errors is not None:
             plan.pattern_errors.rejected(plan.rule, inputs)
         reject()
+    plan.counts.kept += 1
     return inputs
 
 

@@ -255,10 +255,12 @@ class _Table:
     def header(self) -> None:
         self.row(*_COLUMNS)
 
-    def result(self, result: CheckResult) -> None:
+    def result(self, result: CheckResult, draws: str | None = None) -> None:
         verdict = result.verdict if result.ok else result.verdict.upper()
         self.row(result.rule, _short_origin(result.origin), str(result.examples_run), verdict,
                  self.contracts.get(result.rule, "tolerance"), f"{result.seconds:.2f}s")
+        if draws:
+            print(f"{'':<{self.name_width}}  inputs: {draws}", file=self.out, flush=True)
 
 
 class _Status:
@@ -301,11 +303,13 @@ def _summary(results: Sequence[CheckResult], seconds: float) -> str:
 
 def run_check(paths: list[str], *, examples: int = DEFAULT_EXAMPLES, seed: int | None = None,
               out: TextIO = sys.stdout, jobs: int = 1, keyword: str | None = None,
-              names: Sequence[str] | None = None, progress: bool | None = None) -> int:
+              names: Sequence[str] | None = None, progress: bool | None = None, verbose: bool = False) -> int:
     """Check the rules under ``paths`` (default: the shipped library) selected by ``keyword``
     and ``names`` (see :func:`select_rules`), in ``jobs`` worker processes; print a table, the
     report of each rule that is not sound, and a summary. ``progress`` shows a status line
-    (default: when ``out`` is a terminal). Returns 0 when all rules are sound, 1 otherwise.
+    (default: when ``out`` is a terminal); ``verbose`` adds a line under each rule's row with the
+    inputs drawn, kept (the pattern ran and every guard held) and the share rejected. Returns 0
+    when all rules are sound, 1 otherwise.
 
     >>> import io, pathlib, tempfile
     >>> folder = pathlib.Path(tempfile.mkdtemp())
@@ -324,9 +328,9 @@ def run_check(paths: list[str], *, examples: int = DEFAULT_EXAMPLES, seed: int |
     table.header()
     status = _Status(out, len(rules), progress)
     results = {}
-    for index, result in _results(rules, examples, seed, jobs, status):
+    for index, result, draws in _results(rules, examples, seed, jobs, status):
         status.clear()
-        table.result(result)
+        table.result(result, draws if verbose else None)
         results[index] = result
     status.clear()
     failures = [results[i] for i in sorted(results) if not results[i].ok]
@@ -336,13 +340,22 @@ def run_check(paths: list[str], *, examples: int = DEFAULT_EXAMPLES, seed: int |
     return 1 if failures else 0
 
 
+def _checked_with_draws(rule: Rule, examples: int, seed: int | None) -> tuple[CheckResult, str]:
+    """:func:`checked`, and what its searches drew: ``drawn N, kept K, rejected P%``."""
+    from ._plan import draw_counts, reset_draw_counts
+
+    reset_draw_counts(rule)
+    result = checked(rule, examples=examples, seed=seed)
+    return result, draw_counts(rule).describe()
+
+
 def _results(rules: Sequence[Rule], examples: int, seed: int | None, jobs: int,
-             status: _Status) -> Iterator[tuple[int, CheckResult]]:
-    """``(index, result)`` for each rule, as each is checked."""
+             status: _Status) -> Iterator[tuple[int, CheckResult, str]]:
+    """``(index, result, draws)`` for each rule, as each is checked."""
     if jobs == 1 or len(rules) < 2:
         for i, rule in enumerate(rules):
             status.show(i, [rule.name])
-            yield i, checked(rule, examples=examples, seed=seed)
+            yield i, *_checked_with_draws(rule, examples, seed)
         return
     yield from _parallel(rules, examples, seed, min(jobs, len(rules)), status)
 
@@ -364,8 +377,9 @@ def _initialize(files: Sequence[str] | None, keys: Sequence[tuple[str, str]]) ->
     _RULES[:] = [by_key[key] for key in keys]
 
 
-def _check_one(index: int, examples: int, seed: int | None) -> CheckResult:
-    return _portable(checked(_RULES[index], examples=examples, seed=seed))
+def _check_one(index: int, examples: int, seed: int | None) -> tuple[CheckResult, str]:
+    result, draws = _checked_with_draws(_RULES[index], examples, seed)
+    return _portable(result), draws
 
 
 def _portable(result: CheckResult) -> CheckResult:
@@ -388,7 +402,7 @@ def _expected_cost(rule: Rule) -> tuple[int, int, int]:
 
 
 def _parallel(rules: Sequence[Rule], examples: int, seed: int | None, jobs: int,
-              status: _Status) -> Iterator[tuple[int, CheckResult]]:
+              status: _Status) -> Iterator[tuple[int, CheckResult, str]]:
     """Check ``rules`` in ``jobs`` processes, the likely slow ones first."""
     _RULES[:] = rules
     spawned = _START_METHOD != "fork"
@@ -403,9 +417,9 @@ def _parallel(rules: Sequence[Rule], examples: int, seed: int | None, jobs: int,
 
 
 def _collect(pool: ProcessPoolExecutor, rules: Sequence[Rule], examples: int, seed: int | None, jobs: int,
-             status: _Status) -> Iterator[tuple[int, CheckResult]]:
+             status: _Status) -> Iterator[tuple[int, CheckResult, str]]:
     order = sorted(range(len(rules)), key=lambda i: _expected_cost(rules[i]), reverse=True)
-    pending: dict[Future[CheckResult], int] = {pool.submit(_check_one, i, examples, seed): i for i in order}
+    pending: dict[Future[tuple[CheckResult, str]], int] = {pool.submit(_check_one, i, examples, seed): i for i in order}
     done: set[int] = set()
     started = order[:jobs]  # roughly what runs: the pool hands out work in submission order
     while pending:
@@ -416,7 +430,7 @@ def _collect(pool: ProcessPoolExecutor, rules: Sequence[Rule], examples: int, se
             done.add(index)
             following = [i for i in order if i not in done and i not in started]
             started += following[:1]
-            yield index, future.result()
+            yield index, *future.result()
 
 
 def _files_of(rules: Sequence[Rule]) -> list[str]:

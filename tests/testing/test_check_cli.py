@@ -176,3 +176,14 @@ def test_the_table_shows_each_rules_numerics_contract(tmp_path):
     lines = {line.split()[0]: line.split() for line in out.getvalue().splitlines() if line.strip()}
     assert lines["rule"][4] == "numerics"
     assert lines["neg_neg_exact"][4] == "bitwise" and lines["abs_abs_loose"][4] == "tolerance"
+
+
+@pytest.mark.slow
+def test_verbose_shows_each_rules_inputs_drawn_kept_and_rejected(tmp_path):
+    (tmp_path / "algebra.fxr").write_text(THREE)
+    for jobs in (1, 2):
+        status, out = check([tmp_path], examples=5, jobs=jobs, verbose=True)
+        drawn = re.findall(r"^ +inputs: drawn (\d+), kept (\d+), rejected (\d+)%$", out, re.MULTILINE)
+        assert status == 0 and len(drawn) == 3, out
+        assert all(int(d) >= int(k) > 0 for d, k, _ in drawn)
+    assert "inputs:" not in check([tmp_path], examples=5)[1]
