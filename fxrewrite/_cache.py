@@ -174,10 +174,10 @@ class _AstUnpickler(pickle.Unpickler):
     cannot run code."""
 
     def find_class(self, module: str, name: str) -> Any:
-        from .dsl import ast
+        from .dsl.ast import CLASSES
 
-        if module == ast.__name__ and name in ast.__all__ and isinstance(getattr(ast, name), type):
-            return getattr(ast, name)
+        if module == "fxrewrite.dsl.ast" and name in CLASSES:
+            return CLASSES[name]
         if (module, name) == ("builtins", "Ellipsis"):
             return Ellipsis
         raise pickle.UnpicklingError(f"a cache entry may hold AST nodes only, not {module}.{name}")

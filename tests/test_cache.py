@@ -14,7 +14,7 @@ import pytest
 import fxrewrite
 from fxrewrite import RuleSyntaxError, _cache
 from fxrewrite.dsl.ast import RuleFile
-from fxrewrite.dsl.parse import parse
+from fxrewrite.dsl.parse import MAX_DEPTH, parse
 from fxrewrite.loader import load_rules
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,7 +33,7 @@ def fresh_parse(text: str, source: str):
     from fxrewrite.dsl._syntax import rule_file
     from fxrewrite.dsl.ast import SourceText
 
-    return rule_file(SourceText(source, text))
+    return rule_file(SourceText(source, text), max_depth=MAX_DEPTH)
 
 
 def assert_same_parse(cached, fresh) -> None:
@@ -85,7 +85,7 @@ def test_loading_a_rule_file_caches_its_parse_and_the_next_load_parses_nothing(c
     first = load_rules(path)
     assert len(_cache.entries()) == 1 and _cache.entries()[0].parent == cache_home
 
-    def no_parsing(src):
+    def no_parsing(src, **options):
         raise AssertionError(f"{src.name} was parsed although its parse is cached")
 
     monkeypatch.setattr("fxrewrite.dsl._syntax.rule_file", no_parsing)

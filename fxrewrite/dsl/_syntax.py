@@ -8,7 +8,7 @@ never imports lark. Lark trees and errors become AST nodes and
 :class:`~fxrewrite.errors.RuleSyntaxError` here, and nothing of lark leaves.
 
 >>> src = ast.SourceText("r.fxr", "rule r:\\n    torch.neg(x) => x\\n")
->>> rule_file(src).rules[0].name
+>>> rule_file(src, max_depth=100).rules[0].name
 'r'
 """
 
@@ -26,7 +26,6 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedTok
 from ..errors import RuleSyntaxError
 from . import ast
 from ._to_ast import ToAst
-from .parse import MAX_DEPTH, syntax_error
 
 __all__ = ["rule_file"]
 
@@ -34,16 +33,17 @@ _OPEN = frozenset({"LPAR", "LSQB"})
 _CLOSE = frozenset({"RPAR", "RSQB"})
 
 
-def rule_file(src: ast.SourceText) -> ast.RuleFile:
-    """Parse ``src`` into its AST; raises :class:`RuleSyntaxError` where it is not a rule file."""
+def rule_file(src: ast.SourceText, *, max_depth: int) -> ast.RuleFile:
+    """Parse ``src`` into its AST, refusing expressions nested more than ``max_depth`` levels;
+    raises :class:`RuleSyntaxError` where it is not a rule file."""
     try:
         tree = _parser().parse(src.text.rstrip(" \t\f"))  # no indented empty line at the very end
     except UnexpectedInput as exc:
         raise _from_lark(src, exc) from None
     except _UnclosedBracket as exc:
-        raise syntax_error(src, exc.line, exc.column, f"'{exc.bracket}' is never closed; add "
-                                                      f"'{_CLOSING[exc.bracket]}' where its expression ends.") from None
-    _check_depth(src, tree)
+        raise src.syntax_error(exc.line, exc.column, f"'{exc.bracket}' is never closed; add "
+                                                     f"'{_CLOSING[exc.bracket]}' where its expression ends.") from None
+    _check_depth(src, tree, max_depth)
     try:
         return ToAst(src).transform(tree)
     except VisitError as exc:
@@ -106,18 +106,18 @@ def _next_line_indent(newline: Token) -> str:
 # ---- nesting limit -----------------------------------------------------------------------------
 
 
-def _check_depth(src: ast.SourceText, tree: lark.Tree) -> None:
-    """Refuse trees nested deeper than MAX_DEPTH expression levels (iteratively, so a huge input
+def _check_depth(src: ast.SourceText, tree: lark.Tree, max_depth: int) -> None:
+    """Refuse trees nested deeper than ``max_depth`` expression levels (iteratively, so a huge input
     cannot exhaust the stack here)."""
     stack: list[tuple[Any, int]] = [(tree, 0)]
     while stack:
         node, depth = stack.pop()
         if not isinstance(node, lark.Tree):
             continue
-        if depth > MAX_DEPTH + 3:  # start, rule_def, rewrite sit above the expressions
+        if depth > max_depth + 3:  # start, rule_def, rewrite sit above the expressions
             meta = node.meta
-            raise syntax_error(src, getattr(meta, "line", 1), getattr(meta, "column", 1),
-                               f"expression nested more than {MAX_DEPTH} levels deep; name parts of it "
+            raise src.syntax_error(getattr(meta, "line", 1), getattr(meta, "column", 1),
+                                   f"expression nested more than {max_depth} levels deep; name parts of it "
                                f"with 'let' lines.")
         stack.extend((child, depth + 1) for child in node.children)
 
@@ -282,7 +282,7 @@ def _from_lark(src: ast.SourceText, exc: UnexpectedInput) -> RuleSyntaxError:
         sentence = f"unexpected character {char!r}" + _character_hint(char, set(exc.allowed or ()))
     else:
         sentence = "unexpected end of the file."
-    return syntax_error(src, line, column, sentence)
+    return src.syntax_error(line, column, sentence)
 
 
 def _accepted(exc: UnexpectedToken) -> set[str]:

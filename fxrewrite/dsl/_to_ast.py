@@ -22,7 +22,6 @@ from lark import Token, v_args
 
 from ..errors import RuleSyntaxError
 from . import ast
-from .parse import syntax_error
 
 __all__ = ["ToAst"]
 
@@ -54,7 +53,7 @@ class _Literals:
     src: ast.SourceText
 
     def _error(self, span: ast.Span, sentence: str) -> RuleSyntaxError:
-        return syntax_error(self.src, span.line, span.column, sentence)
+        return self.src.syntax_error(span.line, span.column, sentence)
 
     # -- literal values ----------------------------------------------------------------------
     def _int(self, token: Token) -> int:

@@ -22,10 +22,13 @@ from typing import Any, Union
 
 import attrs
 
+from ..errors import RuleSyntaxError
+
 __all__ = [
     "Attribute",
     "BinOp",
     "BoolOp",
+    "CLASSES",
     "Call",
     "Capture",
     "Compare",
@@ -89,6 +92,17 @@ class SourceText:
     def where(self, span: Span) -> str:
         """``name:line:column``, the prefix of every message about ``span``."""
         return f"{self.name}:{span.line}:{span.column}"
+
+    def syntax_error(self, line: int, column: int, sentence: str) -> RuleSyntaxError:
+        """A :class:`RuleSyntaxError` at ``line``:``column``: ``file:line:col: sentence``, then
+        the line and a caret under the column (``filename``, ``lineno``, ``offset``, ``text`` set)."""
+        span = Span(line, column, line, column)
+        error = RuleSyntaxError(f"{self.where(span)}: {sentence}\n{self.excerpt(span)}")
+        error.filename = self.name
+        error.lineno = line
+        error.offset = column
+        error.text = self.line_text(line)
+        return error
 
 
 # ---- expressions ------------------------------------------------------------------------------
@@ -379,3 +393,8 @@ class RuleFile:
     source: SourceText
     uses: tuple[Use, ...]
     rules: tuple[RuleDef, ...]
+
+
+#: The classes of this module by name: all a cached parse may be built from (:mod:`fxrewrite._cache`).
+CLASSES: dict[str, type] = {name: value for name, value in list(globals().items())
+                            if isinstance(value, type) and value.__module__ == __name__}

@@ -47,7 +47,7 @@ def parse(text: str, *, source: str = "<string>", cached: bool = False) -> ast.R
         return hit
     from ._syntax import rule_file  # imports lark: only when a text is parsed
 
-    parsed = rule_file(ast.SourceText(source, text))
+    parsed = rule_file(ast.SourceText(source, text), max_depth=MAX_DEPTH)
     if cached:
         _cache.store_rule_file(parsed)
     return parsed
@@ -55,11 +55,5 @@ def parse(text: str, *, source: str = "<string>", cached: bool = False) -> ast.R
 
 def syntax_error(src: ast.SourceText, line: int, column: int, sentence: str) -> RuleSyntaxError:
     """A :class:`RuleSyntaxError` at ``line``:``column`` of ``src``: ``file:line:col: sentence``,
-    then the line and a caret under the column."""
-    span = ast.Span(line, column, line, column)
-    error = RuleSyntaxError(f"{src.where(span)}: {sentence}\n{src.excerpt(span)}")
-    error.filename = src.name
-    error.lineno = line
-    error.offset = column
-    error.text = src.line_text(line)
-    return error
+    then the line and a caret under the column (:meth:`~fxrewrite.dsl.ast.SourceText.syntax_error`)."""
+    return src.syntax_error(line, column, sentence)
