@@ -16,7 +16,8 @@ key, another text, another type) makes the load a miss: the text is parsed, a de
 says why, and the entry is rewritten. ``tests/test_cache.py`` checks that every entry equals a
 fresh parse.
 
-Where: ``$XDG_CACHE_HOME/fxrewrite`` (default ``~/.cache/fxrewrite``), never in the package
+Where: ``$XDG_CACHE_HOME/fxrewrite`` (``~/.cache/fxrewrite`` when it is unset or not an absolute
+path, as the XDG specification says), never in the package
 directory; ``FXREWRITE_CACHE=0`` turns the cache off. A directory that cannot be written makes
 the cache silently read-only.
 
@@ -71,7 +72,9 @@ def directory() -> Path | None:
     """The cache directory, or ``None`` when ``FXREWRITE_CACHE=0`` turns the cache off."""
     if os.environ.get(ENABLE_VARIABLE, "1").strip().lower() in ("0", "false", "no", "off"):
         return None
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):  # unset, empty or relative: the XDG default
+        base = os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "fxrewrite"
 
 

@@ -59,8 +59,11 @@ def test_the_cache_lives_in_the_user_cache_directory(monkeypatch, tmp_path):
     monkeypatch.delenv(_cache.ENABLE_VARIABLE, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert _cache.directory() == tmp_path / "fxrewrite"
-    monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for unusable in ("", "relative/cache"):  # the XDG default then
+        monkeypatch.setenv("XDG_CACHE_HOME", unusable)
+        assert _cache.directory() == tmp_path / "home" / ".cache" / "fxrewrite"
+    monkeypatch.delenv("XDG_CACHE_HOME")
     assert _cache.directory() == tmp_path / "home" / ".cache" / "fxrewrite"
     package = Path(fxrewrite.__file__).resolve().parent
     assert package not in _cache.directory().resolve().parents
