@@ -233,3 +233,28 @@ def test_a_module_called_on_another_thread_during_a_quick_trace_runs_as_usual():
         graph = _PatternTracer(()).trace_quickly(pattern)
     assert done.is_set() and torch.equal(out[0], torch.full((1,), 2.0))
     assert [n.op for n in graph.nodes] == ["placeholder", "call_function", "output"]
+
+
+def test_a_pattern_traced_inside_another_fx_trace_takes_the_plain_way(monkeypatch):
+    from fxrewrite import _torch
+    from fxrewrite.pattern import _PatternTracer
+
+    def not_quickly(self, fn):
+        raise AssertionError("the quick tracer ran inside another fx trace (whose patches it would not see)")
+
+    monkeypatch.setattr(_PatternTracer, "trace_quickly", not_quickly)
+    with _torch.fx_tracing():
+        p = traced(lambda x: torch.neg(torch.neg(x)))
+    assert p.anchor.target is torch.neg
+
+
+def test_a_quick_trace_leaves_no_tracing_state_behind():
+    import torch.fx._symbolic_trace as symbolic_trace
+
+    from fxrewrite import _torch
+
+    traced(lambda q: q / math.sqrt(q.size(-1)))
+    with pytest.raises(RuleDefinitionError):
+        traced(lambda x: torch.relu(x) if x.sum() > 0 else x)
+    assert not _torch.is_fx_tracing() and symbolic_trace.CURRENT_PATCHER is None
+    assert math.sqrt.__module__ == "math" and not torch.nn.modules.module._global_forward_pre_hooks
