@@ -11,6 +11,7 @@ minimal counterexamples the tests pin depend on it, so change it knowingly.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import weakref
 from collections.abc import Mapping, Sequence
@@ -131,7 +132,7 @@ def reset_draw_counts(rule: Rule) -> None:
     _COUNTS.pop(rule, None)
 
 
-@attrs.frozen(eq=False)
+@attrs.frozen(eq=False, repr=False)
 class InputPlan:
     """What :func:`inputs_for` draws for one rule: its parameters, the parsed domain, and the
     (dtype, rank) configurations on which probing found that the pattern runs."""
@@ -156,12 +157,23 @@ class InputPlan:
     own_dtype: str | None = None
     #: Where inputs the pattern raises on are tried on the replacement (``None``: they are not).
     pattern_errors: PatternErrors | None = None
+    #: Shape relations the guards accept (:func:`accepted_relations`), drawn three times in four.
+    relations: tuple[Mapping[str, int], ...] = ()
     #: What this plan and the plans made from it drew and kept (shared with :func:`draw_counts`).
     counts: DrawCounts = attrs.field(factory=DrawCounts, repr=False)
 
     @property
     def where(self) -> str:
         return f"rule '{self.rule.name}' ({self.rule.origin})"
+
+    def __repr__(self) -> str:
+        # short: Hypothesis shows the strategy's repr, with this plan in it, in its notes and
+        # warns when it is large (the layouts DrawCounts remembers made it hundreds of kB)
+        return f"InputPlan({self.where})"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """What Hypothesis' pretty-printer shows (it prints an attrs class field by field)."""
+        printer.text(repr(self))
 
     @property
     def dtypes(self) -> tuple[torch.dtype, ...]:
@@ -428,13 +440,50 @@ def _tensor_layouts(draw: Any, plan: InputPlan, config: _Config, base: tuple[int
     """The tensor arguments' layouts (shape, dtype, transposed), drawn as :func:`_tensor_inputs`
     draws them, without their values."""
     mixed, deviant = _tensor_choices(draw, plan)
+    # three draws in four: how the shapes relate, one of the relations the guards accept
+    relations = [r for r in plan.relations if plan.smaller is None or r.get(plan.smaller, 1) >= 1]
+    drops = draw(st.sampled_from(relations)) if relations and draw(
+        st.integers(0, 3), label="accepted relation") else None
     out = {}
     for param in plan.tensors:
-        shape = _tensor_shape(draw, plan, param, base)
+        if drops is not None and param.name in drops:
+            drop = drops[param.name]
+            shape = () if param.name == plan.zero_dim else base[min(drop, len(base)):]
+        else:
+            shape = _tensor_shape(draw, plan, param, base)
         dtype = _argument_dtype(draw, plan, config, param, mixed and deviant in (None, param.name))
         transposed = plan.domain.non_contiguous and draw(st.booleans(), label="non-contiguous")
         out[param.name] = _Layout(shape, dtype, transposed)
     return out
+
+
+#: At most this many shape relations are tried per rule when its plan is made.
+MAX_RELATIONS_TRIED = 128
+
+
+def accepted_relations(plan: InputPlan) -> tuple[Mapping[str, int], ...]:
+    """How the shapes of the broadcastable tensor arguments may relate to the base shape so
+    that the pattern runs and the guards hold, for a rule that draws layouts first: each a
+    ``{name: leading dimensions dropped}``, tried on stand-in tensors of a square base shape of
+    each rank the pattern runs on, fewest dropped first (what shrinking prefers). The drawing
+    then takes one of them three times in four, so a guard such as "``b`` is a vector of
+    ``w.shape[0]`` elements" holds by construction instead of by luck (``linear_add_bias``
+    rejected 93% of its draws); the fourth draw relates the shapes freely, as before."""
+    names = plan.broadcastable
+    if not _draws_layouts_first(plan) or not names or plan.modules:
+        return ()
+    found: dict[tuple[int, ...], None] = {}
+    for config in plan.configs:
+        base = (2,) * config.rank
+        combos = sorted(itertools.product(range(config.rank + 1), repeat=len(names)), key=lambda c: (sum(c), c))
+        for combo in combos[:MAX_RELATIONS_TRIED]:
+            layouts = {p.name: _Layout(base, dict(config.overrides).get(p.name, config.dtype), False)
+                       for p in plan.tensors}
+            layouts.update({n: attrs.evolve(layouts[n], shape=base[d:]) for n, d in zip(names, combo)})
+            if not _layouts_refused(plan, layouts, {}, {}):
+                found.setdefault(combo)
+    ordered = sorted(found, key=lambda c: (sum(c), c))
+    return tuple(dict(zip(names, combo)) for combo in ordered)
 
 
 def _shape_varies(plan: InputPlan, param: Param) -> bool:

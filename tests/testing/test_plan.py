@@ -87,3 +87,19 @@ def test_int_literals_are_grouped_by_the_op_that_takes_them():
 
     rule = Rule.from_functions(two_permutes, two_permutes, name="pp")
     assert _index_groups(plan_inputs(rule)) == [["a", "b"], ["c", "d"]]
+
+
+def test_the_shape_relations_a_guard_accepts_are_found_when_the_plan_is_made_and_drawn_mostly():
+    rule = bias_rule()
+    plan = plan_inputs(rule)
+    assert plan.relations and all(r["b"] == 1 and r["w"] == 0 for r in plan.relations)
+    reset_draw_counts(rule)
+
+    @QUICK
+    @given(plan.strategy())
+    def body(inputs):  # type: ignore[no-untyped-def]
+        pass
+
+    body()
+    counts = draw_counts(rule)
+    assert counts.rejected_percent < 60, counts.describe()  # 93% for linear_add_bias when drawn freely
