@@ -31,6 +31,8 @@ each importing only those before it:
   (:class:`CheckResult`, :class:`Counterexample`);
 * ``_evaluation``: one input, both sides (:func:`evaluate`, :class:`PatternRaised`);
 * ``_search``: the Hypothesis search for counterexamples;
+* ``_restrictions``: a restriction of a rule's inputs as a value, evaluated directly and
+  rendered as the text a report shows;
 * :mod:`~fxrewrite.testing.repair`: the weakest restriction that makes an unsound rule pass,
   each candidate checked by the :func:`check_rule` it is handed.
 """
