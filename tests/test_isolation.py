@@ -112,7 +112,10 @@ def test_a_default_device_set_before_the_block_survives_it():
     assert torch.ones(1).device.type == "cpu"
 
 
-def test_hook_dictionaries_are_restored_in_place_so_handles_stay_valid():
+def test_hook_dictionaries_are_restored_in_place_so_handles_stay_valid(monkeypatch):
+    # the block is this process's only thread (else clear(), a direct write, could not be attributed
+    # to it: test_a_direct_assignment_while_other_threads_run_is_kept_and_named; watched: the next test)
+    monkeypatch.setattr(isolation, "_watch", lambda: (None, False))
     hooks = module_globals._global_forward_hooks
     handle = module_globals.register_module_forward_hook(_hook)
     try:
@@ -121,6 +124,21 @@ def test_hook_dictionaries_are_restored_in_place_so_handles_stay_valid():
             hooks.clear()
         assert module_globals._global_forward_hooks is hooks
         assert list(hooks) == [handle.id]
+    finally:
+        handle.remove()
+    assert not hooks
+
+
+def test_hooks_this_thread_registers_and_removes_are_put_back_in_place_while_others_run(monkeypatch):
+    monkeypatch.setattr(isolation, "_ALWAYS_WATCH", True)
+    hooks = module_globals._global_forward_hooks
+    handle = module_globals.register_module_forward_hook(_hook)
+    try:
+        with torch_state_preserved() as changes:
+            module_globals.register_module_forward_hook(_hook)
+            handle.remove()
+        assert module_globals._global_forward_hooks is hooks
+        assert list(hooks) == [handle.id] and changes.restored and not changes.kept
     finally:
         handle.remove()
     assert not hooks
