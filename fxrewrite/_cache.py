@@ -193,7 +193,7 @@ def _environment_fingerprint() -> str:
     digest = hashlib.sha256()
     for name in _PARSER_SOURCES:
         digest.update(name.encode() + b"\0" + (package / name).read_bytes() + b"\0")
-    from . import __version__
+    from ._version import __version__
 
     torch = sys.modules.get("torch")
     versions = (__version__, getattr(torch, "__version__", "-"), _lark_version(), sys.version)

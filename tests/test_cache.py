@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import fxrewrite
+import fxrewrite._version
 from fxrewrite import RuleSyntaxError, _cache
 from fxrewrite.dsl.ast import RuleFile
 from fxrewrite.dsl.parse import MAX_DEPTH, parse
@@ -185,7 +185,7 @@ def test_an_entry_that_is_not_the_parse_of_this_text_is_ignored(cache_home, capl
 
 def test_the_key_changes_with_the_versions_and_the_parser(monkeypatch):
     before = _cache.rule_file_key(TEXT)
-    monkeypatch.setattr(fxrewrite, "__version__", "999.0")
+    monkeypatch.setattr(fxrewrite._version, "__version__", "999.0")
     _cache._environment_fingerprint.cache_clear()
     try:
         assert _cache.rule_file_key(TEXT) != before
