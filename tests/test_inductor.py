@@ -487,7 +487,7 @@ def test_rewrite_graph_refuses_what_is_not_a_graph():
 
 @pytest.mark.slow
 def test_example_08_rules_directory_fires_inside_a_compiled_gpt():
-    """tests/test_examples.py runs the whole script; this checks what fired, backend only."""
+    """tests/e2e/test_examples.py runs the whole script; this checks what fired, backend only."""
     example = import_file(Path(__file__).resolve().parent.parent / "examples" / "08_rules_in_torch_compile.py",
                           prefix="tests_")
     rules = fxrewrite.load_rules(example.RULES_DIR)
