@@ -44,6 +44,7 @@ from torch.export.graph_signature import (
 from torch.fx.node import Node
 
 from .errors import ArgumentError, RewriteError
+from .meta import lend_constant, rule_of
 from .report import RewriteResult
 from .target import to_graph_module
 
@@ -126,7 +127,7 @@ def _boundary_names(program: ExportedProgram) -> list[str]:
 
 def _lend_scalar_constants(gm: fx.GraphModule, program: ExportedProgram) -> None:
     """Give the placeholders of lifted one-element tensor constants (``torch.tensor(-1e9)`` in
-    ``forward``) their value as ``meta["fxrewrite_constant"]``, so a literal capture can bind the
+    ``forward``) their value (:func:`fxrewrite.meta.lend_constant`), so a literal capture can bind the
     number (see :func:`fxrewrite.canon.constant_scalar`); the graph otherwise holds only their fake
     tensors."""
     signature = program.graph_signature
@@ -136,7 +137,7 @@ def _lend_scalar_constants(gm: fx.GraphModule, program: ExportedProgram) -> None
         if node.op == "placeholder" and node.name in names:
             value = program.constants.get(names[node.name])
             if isinstance(value, torch.Tensor) and value.numel() == 1 and value.dim() == 0:
-                node.meta["fxrewrite_constant"] = value.detach().clone()
+                lend_constant(node, value.detach().clone())
 
 
 def _pin_boundaries(gm: fx.GraphModule, program: ExportedProgram) -> list[str]:
@@ -162,7 +163,7 @@ def _unpin_boundaries(gm: fx.GraphModule, names: Sequence[str]) -> dict[str, str
     output.args = (tuple(kept),)
     renamed = {}
     for name, node in zip(names, pinned):
-        if not node.users and node.target is torch.ops.aten.clone.default and "fxrewrite_rule" not in node.meta:
+        if not node.users and node.target is torch.ops.aten.clone.default and rule_of(node) is None:
             gm.graph.erase_node(node)  # the driver's clone for an output that became an input: not needed
             node = node.args[0]
         if node.name != name:
@@ -193,7 +194,7 @@ def _copied_call_graph(program: ExportedProgram, renamed: Mapping[str, str]) -> 
 def _refuse_module_calls(gm: fx.GraphModule) -> None:
     for node in gm.graph.nodes:
         if node.op in ("call_module", "call_method"):
-            rule = node.meta.get("fxrewrite_rule", "a rule")
+            rule = rule_of(node) or "a rule"
             raise RewriteError(
                 f"{rule} put a {node.op} node ('{node.format_node()}') into an exported graph; an ExportedProgram "
                 f"holds only calls of ATen ops and functions. Write the replacement with torch functions "
