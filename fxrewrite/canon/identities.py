@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch.fx.node import Node
 
-from .effects import _held_in, _inplace_flag, _submodule, is_written
 from ..meta import described, tensor_value
+from .effects import _held_in, _inplace_flag, _submodule, is_written
 from .ops import canonical_name, dtype_conversion
 from .schema import _KIND_BUDGET, _PYTHON_ARITHMETIC, canonical_arguments
 

@@ -13,9 +13,9 @@ import torch
 from torch.fx.node import Node
 
 from .._torch import tree_leaves
+from ..meta import lent_constant, tensor_value
 from .effects import aliased_inputs, mutation
 from .identities import _attribute_value, _is_one, identity_source, may_be_identity
-from ..meta import lent_constant, tensor_value
 from .ops import canonical_name, op_key_of
 from .schema import _resolve, canonical_arguments, result_kind
 
