@@ -7,6 +7,9 @@ The one-second rule (CONTRIBUTING.md): a test that is not marked ``@pytest.mark.
 its call takes :data:`SLOW_SECONDS` of CPU time or more. CPU time (this process's and that of the
 child processes it waited for), not wall time, so a machine loaded by other work does not make the
 check flaky; fixtures' set-up is not counted (a module-scoped fixture is shared by its tests).
+A call that imported modules is not judged: it paid the process's one-time cost of importing
+torch's parts (``torch.export``, Inductor), which falls on whichever test comes first in a file
+run alone or in an xdist worker, and on no test of a full run's later files.
 """
 
 from __future__ import annotations
@@ -128,10 +131,11 @@ def cpu_seconds() -> float:
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     """Fails a test that is not marked ``slow`` and whose call took :data:`SLOW_SECONDS` of CPU
     time or more (a test that failed on its own keeps its own failure)."""
-    start = cpu_seconds()
+    start, modules = cpu_seconds(), len(sys.modules)
     result = yield
     spent = cpu_seconds() - start
-    if spent >= SLOW_SECONDS and item.get_closest_marker("slow") is None:
+    first_use = len(sys.modules) > modules  # it imported what the process had not needed yet
+    if spent >= SLOW_SECONDS and item.get_closest_marker("slow") is None and not first_use:
         pytest.fail(f"{item.nodeid} took {spent:.2f} s of CPU time (the limit for an unmarked test is "
                     f"{SLOW_SECONDS:g} s): mark it @pytest.mark.slow or make it faster", pytrace=False)
     return result

@@ -30,40 +30,56 @@ def test_quick():
 
 
 def test_unmarked_and_slow():
-    burn(0.3)
+    burn(0.15)
 
 
 @pytest.mark.slow
 def test_marked_and_slow():
-    burn(0.3)
+    burn(0.15)
 
 
 def test_failing_and_slow():
-    burn(0.3)
+    burn(0.15)
     assert 1 == 2, "its own failure"
+
+
+def test_first_use_of_a_module():
+    import first_used_here  # noqa: F401  (a one-time import cost, which any test may be first to pay)
+
+    burn(0.15)
+"""
+
+FIRST_USED = """
+import time
+
+start = time.process_time()
+while time.process_time() - start < 0.15:
+    pass
 """
 
 
 @pytest.fixture
 def suite(pytester: pytest.Pytester) -> pytest.Pytester:
-    """A copy of the project's conftest with a 0.2 s limit (so the test stays quick), and BURNING."""
+    """A copy of the project's conftest with a 0.1 s limit (so the test stays quick), and BURNING."""
     text = CONFTEST.read_text()
     assert "SLOW_SECONDS = 1.0\n" in text
-    pytester.makeconftest(text.replace("SLOW_SECONDS = 1.0\n", "SLOW_SECONDS = 0.2\n"))
+    pytester.makeconftest(text.replace("SLOW_SECONDS = 1.0\n", "SLOW_SECONDS = 0.1\n"))
     pytester.makeini("[pytest]\nmarkers =\n    slow: slow\n")
-    pytester.makepyfile(test_burning=BURNING)
+    pytester.makepyfile(test_burning=BURNING, first_used_here=FIRST_USED)
+    pytester.syspathinsert()
     return pytester
 
 
 def test_an_unmarked_test_over_the_cpu_limit_fails_and_says_what_to_do(suite):
     result = suite.runpytest("-p", "no:fxrewrite", "-p", "no:cacheprovider", "-rf")
-    result.assert_outcomes(passed=2, failed=2)
+    result.assert_outcomes(passed=3, failed=2)
     result.stdout.fnmatch_lines([
-        "*test_burning.py::test_unmarked_and_slow took 0.* s of CPU time (the limit for an unmarked test is 0.2 s): "
+        "*test_burning.py::test_unmarked_and_slow took 0.* s of CPU time (the limit for an unmarked test is 0.1 s): "
         "mark it @pytest.mark.slow or make it faster",
     ])
     result.stdout.fnmatch_lines(["*its own failure*"])  # a test that failed keeps its own failure
     assert "test_marked_and_slow took" not in result.stdout.str()
+    assert "test_first_use_of_a_module took" not in result.stdout.str()
 
 
 # ---- assert_same_outputs, the comparison behind assert_rewrite_sound -------------------------------------
