@@ -43,7 +43,7 @@ For each architecture the script
 
 ``fire_counts(rules, samples)`` is the per-rule fire count over the zoo for any rule set, and
 ``invariant_violations`` compares each rule alone with the rule plus the library
-(``tests/test_bench_zoo.py`` uses both).
+(``tests/e2e/test_bench_zoo.py`` uses both).
 
 The exit code is 1 when a rewrite raises, a rewritten program raises or its numbers differ, or
 (``--invariant``) a rule is starved; attention blocks left unconverted and Inductor's counts are

@@ -3,7 +3,7 @@
 torch.fx's public surface does not say whether a node was erased, where it stands in its graph
 in O(1), or how to give a GraphModule a graph without compiling it; fake tensors, pytrees and
 module reparametrization live in private modules. Each such use goes through a name here, and
-``tests/test_torch_compat.py`` checks each one against the installed torch, so a torch release
+``tests/test_torch.py`` checks each one against the installed torch, so a torch release
 that moves one fails that test loudly, with the name, instead of failing somewhere deep inside a
 rewrite.
 
