@@ -33,7 +33,7 @@ The verdict compares the rewrite's peak with the graph's own memory. ``rewrite``
 once, and compiling the generated source of a large graph alone peaks at several times the
 graph, so the target is: peak <= recompile's peak + ``MEMORY_TARGET`` x the graph.
 
-``main(argv) -> int`` runs it (``tests/test_fuzz.py`` calls ``main(["--quick", "--nodes", ...])``);
+``main(argv) -> int`` runs it (``tests/test_benchmarks.py`` calls ``main(["--quick", "--nodes", ...])``);
 the exit code is 1 when the correctness check fails or ``rewrite`` raises, else 0 (the figures
 and the verdict are a report, not a test). The times are wall-clock: on a loaded machine,
 compare the ratio to ``recompile`` rather than the seconds.
