@@ -11,12 +11,12 @@ from typing import Any
 
 import torch
 
+from ..domain import Tolerance
 from ..rule import Rule
 from ..verify import compare
 from ._numerics import values_problem
 from ._report import Counterexample, first_line
 from ._running import call_rule_function
-from ._tolerance import Tolerance
 
 __all__ = ["PatternRaised", "evaluate"]
 

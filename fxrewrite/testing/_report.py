@@ -20,11 +20,11 @@ from typing import Any, Literal
 import attrs
 import torch
 
+from ..domain import Tolerance
 from ..rule import Rule, describe_numerics
 from ..verify import format_value
 from ._plan import InputPlan
 from ._running import GuardRaised
-from ._tolerance import Tolerance
 
 __all__ = [
     "KEY_ORDER",

@@ -10,7 +10,7 @@ orchestration's job (:mod:`fxrewrite.testing.equivalence`).
 >>> from fxrewrite import Rule
 >>> from fxrewrite.testing.strategies import plan_inputs
 >>> from fxrewrite.testing._report import CheckContext
->>> from fxrewrite.testing._tolerance import Tolerance
+>>> from fxrewrite.domain import Tolerance
 >>> rule = Rule.from_functions(lambda x: torch.neg(torch.neg(x)), lambda x: x, name="double_neg")
 >>> searches = []
 >>> run_searches(CheckContext(rule, plan_inputs(rule), Tolerance(), max_examples=20, seed=None), searches)
@@ -32,11 +32,11 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, reject, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.errors import FailedHealthCheck, Flaky, Unsatisfiable
 
+from ..domain import Tolerance
 from ..rule import Rule
 from ._evaluation import PatternRaised, evaluate
 from ._plan import InputPlan
 from ._report import KEY_ORDER, CheckContext, Counterexample
-from ._tolerance import Tolerance
 
 if sys.version_info >= (3, 11):
     from builtins import BaseExceptionGroup

@@ -26,7 +26,6 @@ This module is the orchestration: which searches run with which budget, what the
 means (the verdict), and the repair of an unsound rule. The pieces live beside it, one job each,
 each importing only those before it:
 
-* ``_tolerance``: the ``tolerance`` declaration (:class:`Tolerance`);
 * ``_report``: the verdict and counterexample values and the words of every report
   (:class:`CheckResult`, :class:`Counterexample`);
 * ``_evaluation``: one input, both sides (:func:`evaluate`, :class:`PatternRaised`);
@@ -46,6 +45,7 @@ from typing import Any
 import attrs
 from hypothesis.errors import FailedHealthCheck, Flaky, Unsatisfiable
 
+from ..domain import Tolerance
 from ..errors import ArgumentError, NotEquivalent, RuleDefinitionError
 from ..rule import Rule
 from ._evaluation import PatternRaised, evaluate
@@ -64,7 +64,6 @@ from ._report import (
     untested_report,
 )
 from ._search import Search, counterexamples_in, examples_in, leaves, more_counterexamples, run_searches
-from ._tolerance import Tolerance
 from .repair import Repair, repair_report, repair_rule
 from .strategies import GuardRaised, plan_inputs
 

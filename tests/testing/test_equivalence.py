@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from fxrewrite import Rule
-from fxrewrite.errors import NotEquivalent
-from fxrewrite.testing import CheckResult, assert_rule_equivalent, check_rule, inputs_for
+from fxrewrite.errors import NotEquivalent, RuleDefinitionError
+from fxrewrite.testing import CheckResult, Tolerance, assert_rule_equivalent, check_rule, inputs_for
 
 EXAMPLES = 60
 
@@ -128,6 +128,7 @@ def test_guards_on_shapes_are_respected():
     assert check_rule(guarded, max_examples=EXAMPLES).ok
 
 
+@pytest.mark.slow  # 1.2-1.4 s of CPU (it was so before the split)
 def test_a_guard_that_raises_is_an_error_with_the_inputs():
     crashing = rule(lambda x: torch.neg(x), lambda x: torch.neg(x), name="crashing",
                     where=lambda m: m["x"].shape[0] > 1)
@@ -145,10 +146,38 @@ def test_a_rule_whose_pattern_never_runs_is_untestable():
 
 
 def test_a_malformed_declaration_is_an_error_that_names_it():
-    bad_domain = check_rule(rule(lambda x: -x, lambda x: -x, name="bad", domain={"rank": (1, 2)}))
-    assert bad_domain.verdict == "error" and "unknown domain key(s) ['rank']" in bad_domain.message
-    bad_tolerance = check_rule(rule(lambda x: -x, lambda x: -x, name="bad", tolerance={"atol": -1}))
-    assert bad_tolerance.verdict == "error" and "tolerance['atol'] must be a number >= 0" in bad_tolerance.message
+    # the domain and the tolerance are typed values (fxrewrite.domain): the rule is refused where it is built
+    with pytest.raises(RuleDefinitionError, match=re.escape("unknown domain key(s) ['rank']")):
+        rule(lambda x: -x, lambda x: -x, name="bad", domain={"rank": (1, 2)})
+    with pytest.raises(RuleDefinitionError, match=re.escape("tolerance['atol'] must be a number >= 0")):
+        rule(lambda x: -x, lambda x: -x, name="bad", tolerance={"atol": -1})
+
+
+class Scaled(nn.Module):
+    """A module the checker cannot build by itself (its constructor needs k)."""
+
+    def __init__(self, k):
+        super().__init__()
+        self.k = k
+
+    def forward(self, x):
+        return x * self.k
+
+
+def test_a_rule_whose_inputs_cannot_be_planned_is_an_error_that_says_what_to_declare():
+    def pattern(x, m: Scaled):
+        return m(x)
+
+    result = check_rule(rule(pattern, lambda x, m: m(x), name="scaled"), max_examples=5)
+    assert result.verdict == "error" and result.message.startswith("rule 'scaled' (")
+    assert "cannot be checked: " in result.message and "declare a factory: domain={'modules'" in result.message
+
+
+def test_tolerance_parsing():
+    assert Tolerance.parse(None, where="r") == Tolerance()
+    assert Tolerance.parse({"rtol": 1e-3}, where="r") == Tolerance(rtol=1e-3)
+    with pytest.raises(ValueError, match=r"unknown tolerance key\(s\) \['abs'\]"):
+        Tolerance.parse({"abs": 1}, where="r")
 
 
 # -- modules ----------------------------------------------------------------------------------
