@@ -230,7 +230,15 @@ class _ReplacementTracer(fx.Tracer):
         self._next_suffix[base] = k + 1
         return f"{base}_{k}"
 
-    def rollback(self) -> None:
+    def names(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Where the graph's and the module's fresh names stand (for :meth:`rollback`)."""
+        return dict(getattr(self.graph._graph_namespace, "_base_count", {})), dict(self._next_suffix)
+
+    def rollback(self, names: tuple[dict[str, int], dict[str, int]] | None = None) -> None:
+        """Remove what the replacement created; with ``names`` (from :meth:`names` before it ran),
+        also free the names it took, so that calling it again makes the same names."""
+        if names is not None:
+            self._free_names(names)
         for node in reversed(self.created):
             if not is_erased(node):
                 for user in list(node.users):
@@ -245,6 +253,16 @@ class _ReplacementTracer(fx.Tracer):
                 self._tensor_paths.pop(id(value), None)
         self.created = []
         self.new_attributes = []
+
+    def _free_names(self, names: tuple[dict[str, int], dict[str, int]]) -> None:
+        namespace = self.graph._graph_namespace
+        used = getattr(namespace, "_used_names", None)
+        if used is not None and hasattr(namespace, "_base_count"):
+            for node in self.created:
+                used.discard(node.name)
+            namespace._base_count.clear()
+            namespace._base_count.update(names[0])
+        self._next_suffix = dict(names[1])
 
 
 def _stack_trace(rule: Rule) -> str:
@@ -301,6 +319,65 @@ class _ModuleCalls:
     @classmethod
     def active_tracer(cls) -> _ReplacementTracer | None:
         return getattr(cls._local, "tracer", None)
+
+
+#: Call every replacement with ``nn.Module.__call__`` replaced (the slow twin of :class:`_ModuleCallSeen`).
+PATCH_ALWAYS = False
+
+
+class _ModuleCalled(Exception):
+    """Raised by :class:`_ModuleCallSeen`'s hook to stop a module call at its start."""
+
+
+class _ModuleCallSeen:
+    """While the block runs, a module called by this thread is stopped before its ``forward``
+    runs (a global forward pre-hook raising :class:`_ModuleCalled`; other threads' module calls
+    pass it unchanged) and :attr:`called` is set, even if the caller catches the exception.
+    Registering and removing the hook costs a few microseconds and changes no class (unlike
+    :class:`_ModuleCalls`, which replaces ``nn.Module.__call__``)."""
+
+    def __init__(self) -> None:
+        self.called = False
+        self._thread = threading.get_ident()
+        self._handle: Any = None
+
+    def _hook(self, module: torch.nn.Module, inputs: Any) -> None:
+        if threading.get_ident() == self._thread:
+            self.called = True
+            raise _ModuleCalled(f"{type(module).__name__} called by a replacement run without the module patch")
+
+    def __enter__(self) -> _ModuleCallSeen:
+        self._handle = torch.nn.modules.module.register_module_forward_pre_hook(self._hook)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._handle.remove()
+
+
+def _may_call_modules(rule: Rule) -> bool:
+    """Can ``rule``'s replacement call an ``nn.Module``, as far as can be told without calling it?
+    When it has a module capture, or a module or module class is among the values its code names
+    directly (closure cells and globals); :class:`_ModuleCallSeen` catches the others
+    (``torch.nn.ReLU()(x)``)."""
+    if PATCH_ALWAYS or rule.compiled.module_captures:
+        return True
+    fn = inspect.unwrap(rule.replacement)
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return True  # not a plain function (a callable object): assume it may
+    named = [cell.cell_contents for cell in (getattr(fn, "__closure__", None) or ()) if _filled(cell)]
+    fn_globals = getattr(fn, "__globals__", {})
+    named += [fn_globals[name] for name in code.co_names if name in fn_globals]
+    return any(isinstance(v, torch.nn.Module) or (isinstance(v, type) and issubclass(v, torch.nn.Module))
+               for v in named)
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        _ = cell.cell_contents
+    except ValueError:  # a cell not assigned yet
+        return False
+    return True
 
 
 def _module_call(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -420,6 +497,8 @@ class Splicer:
         #: Per template key: the template of the first call, then (once a second call recorded the
         #: same) the confirmed template, or None when the replacement cannot be replayed.
         self._templates: dict[Hashable, tuple[_Template | None, bool]] = {}
+        #: Per replacement (rule name, function id): is it called with ``nn.Module.__call__`` replaced?
+        self._module_calling: dict[tuple[str, int], bool] = {}
 
     def __enter__(self) -> Splicer:
         return self
@@ -482,18 +561,54 @@ class Splicer:
         return tracer.created
 
     def _call(self, match: Match, rule: Rule, guard: _CapturedModules | None) -> list[Node]:
-        """Call the replacement on Proxies, recording its module calls (``nn.Module.__call__`` is
-        replaced for this call only) and guarding the modules the match captured; the nodes that
-        stand for the pattern's outputs."""
+        """Call the replacement on Proxies, recording its module calls and guarding the modules the
+        match captured; the nodes that stand for the pattern's outputs.
+
+        ``nn.Module.__call__`` is replaced for this call only, and only when the replacement may call
+        a module (:meth:`_patches`): each replacement costs two assignments to ``nn.Module``, each
+        invalidating the type caches of all its subclasses. Any other replacement runs under
+        :class:`_ModuleCallSeen`; if it calls a module after all, what it created is rolled back
+        and it is called again with the patch (and from then on always with it)."""
         tracer = self.tracer
-        with guard if guard is not None else contextlib.nullcontext(), _ModuleCalls.calling(tracer):
-            result = rule.replacement(**_arguments(match, tracer))
+        if guard is not None or self._patches(rule):
+            with guard if guard is not None else contextlib.nullcontext(), _ModuleCalls.calling(tracer):
+                result = rule.replacement(**_arguments(match, tracer))
+        else:
+            result = self._call_unpatched(match, rule)
         if guard is not None:
             guard.check()
             _refuse_shared_modules(match, rule, tracer)
         new_outputs = _output_nodes(result, match, rule, tracer)
         _refuse_input_mutation(match, rule, tracer.created)
         return new_outputs
+
+    def _patches(self, rule: Rule) -> bool:
+        """Is ``rule``'s replacement called with ``nn.Module.__call__`` replaced? When it may call a
+        module (:func:`_may_call_modules`) or was seen calling one in this splicer's life."""
+        key = (rule.name, id(rule.replacement))
+        known = self._module_calling.get(key)
+        if known is None:
+            known = self._module_calling[key] = _may_call_modules(rule)
+        return known
+
+    def _call_unpatched(self, match: Match, rule: Rule) -> Any:
+        """Call the replacement without the ``nn.Module.__call__`` patch; if it calls a module
+        (:class:`_ModuleCallSeen`), roll back what it created and call it again with the patch."""
+        tracer = self.tracer
+        seen, names = _ModuleCallSeen(), tracer.names()
+        try:
+            with seen:
+                result = rule.replacement(**_arguments(match, tracer))
+        except Exception:
+            if not seen.called:
+                raise
+        if not seen.called:
+            return result
+        self._module_calling[(rule.name, id(rule.replacement))] = True
+        tracer.rollback(names)
+        tracer.read_metadata = False
+        with _ModuleCalls.calling(tracer):
+            return rule.replacement(**_arguments(match, tracer))
 
     def _notify(self, match: Match, created: list[Node], new_outputs: list[Node]) -> None:
         """Send the listeners the :class:`Change` a splice made."""

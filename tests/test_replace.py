@@ -360,3 +360,65 @@ def test_a_replacement_reads_itemsize_and_nbytes_from_the_metadata():
         operator.mul, operator.add]
     result.module.graph.lint()
     torch.testing.assert_close(result.module(X), X * 2 + 1)  # the branch taken: float32 has 4 bytes
+
+
+def _relu_module_rule(*, catch: bool = False) -> Rule:
+    """neg(neg(x)) => a new ReLU module called on x * 2 (a node made before the module call, and
+    a module no capture and no name of the replacement reveals)."""
+
+    def replacement(x):
+        doubled = x * 2.0
+        try:
+            return torch.nn.ReLU()(doubled) + torch.tensor(1.0)
+        except Exception:
+            if not catch:
+                raise
+            return doubled
+
+    return Rule.from_functions(lambda x: torch.neg(torch.neg(x)), replacement, name="neg_neg_relu_module")
+
+
+@pytest.mark.parametrize("catch", [False, True])
+def test_a_replacement_calling_a_module_it_does_not_name_records_what_the_patched_call_does(monkeypatch, catch):
+    """The slow twin (``PATCH_ALWAYS``: every replacement called with ``nn.Module.__call__``
+    replaced) and the fast path (replaced only for replacements that may call a module; another
+    is rolled back and called again when it does, even if it catches the stop) splice the same
+    graph, names included."""
+    import fxrewrite.replace as replace
+
+    f = lambda a: torch.neg(torch.neg(torch.relu(torch.neg(torch.neg(a)))))  # noqa: E731
+    codes = {}
+    for always in (True, False):
+        monkeypatch.setattr(replace, "PATCH_ALWAYS", always)
+        result = rewrite(f, _relu_module_rule(catch=catch))
+        codes[always] = result.code
+        assert [n.op for n in result.module.graph.nodes].count("call_module") == 2
+        assert_rewrite_sound(lambda a: torch.relu(2.0 * torch.relu(torch.relu(2.0 * a) + 1.0)) + 1.0, result, X)
+    assert codes[True] == codes[False]
+    assert not torch.nn.modules.module._global_forward_pre_hooks
+
+
+def test_a_replacement_without_module_calls_runs_without_the_patch_and_one_with_them_with_it():
+    """``nn.Module.__call__`` is replaced only around the replacements that call a module: once a
+    replacement was seen calling one, it is called with the patch from then on (once per rewrite)."""
+    original = torch.nn.Module.__call__
+    patched: dict[str, list[bool]] = {"plain": [], "module": []}
+
+    def plain(x):
+        patched["plain"].append(torch.nn.Module.__call__ is not original)
+        return torch.abs(x)
+
+    def module(x):
+        patched["module"].append(torch.nn.Module.__call__ is not original)
+        return torch.nn.Tanh()(x)
+
+    rules = [Rule.from_functions(lambda x: torch.neg(torch.neg(x)), plain, name="neg_neg_abs"),
+             Rule.from_functions(lambda x: torch.relu(torch.relu(x)), module, name="relu_relu_tanh")]
+    f = lambda a: torch.relu(torch.relu(torch.neg(torch.neg(torch.relu(torch.relu(torch.neg(torch.neg(a))))))))  # noqa: E731
+    from fxrewrite import RuleSet
+
+    result = rewrite(f, RuleSet(rules))
+    assert patched["plain"].count(True) == 0 and patched["plain"]  # called (not only replayed), never patched
+    assert patched["module"] == [False, True, True]  # seen calling a module, called again, then patched
+    assert torch.nn.Module.__call__ is original
+    assert_rewrite_sound(lambda a: torch.tanh(torch.abs(torch.tanh(torch.abs(a)))), result, X)
