@@ -36,6 +36,7 @@ def test_a_sound_rule_passes_every_example():
     assert result.message.startswith(f"rule 'double_neg' is sound on {result.examples_run} examples")
 
 
+@pytest.mark.slow
 def test_an_unsound_rule_gets_a_counterexample_shrunk_to_one_element():
     result = check_rule(DIV_SELF, max_examples=EXAMPLES)
     assert not result.ok and result.verdict == "unsound"
@@ -44,6 +45,7 @@ def test_an_unsound_rule_gets_a_counterexample_shrunk_to_one_element():
     assert 1 <= result.examples_run <= EXAMPLES
 
 
+@pytest.mark.slow
 def test_special_values_are_found():
     mul_zero = rule(lambda x: x * 0.0, lambda x: torch.zeros_like(x), name="mul_zero",
                     domain={"dtypes": (torch.float32,)})
@@ -51,6 +53,7 @@ def test_special_values_are_found():
     assert x.numel() == 1 and not math.isfinite(x.item())
 
 
+@pytest.mark.slow
 def test_one_counterexample_per_kind_of_difference():
     mul_zero = rule(lambda x: x * 0, lambda x: torch.zeros_like(x), name="mul_zero")
     result = check_rule(mul_zero, max_examples=100)
@@ -70,6 +73,7 @@ def test_broadcasting_differences_are_found():
     assert "shapes differ: pattern" in shape.problem
 
 
+@pytest.mark.slow
 def test_a_replacement_that_raises_is_a_counterexample():
     def replacement(x):
         return torch.mm(x.reshape(-1), x)  # mm needs matrices
@@ -101,11 +105,13 @@ GELU_TANH = dict(pattern=lambda x: nn.functional.gelu(x),
 MODERATE_FLOATS = {**FLOATS, "special_values": False, "min_value": -1e3, "max_value": 1e3}
 
 
+@pytest.mark.slow
 def test_a_declared_tolerance_makes_an_approximation_sound():
     assert not check_rule(rule(**GELU_TANH, domain=MODERATE_FLOATS), max_examples=EXAMPLES).ok
     assert check_rule(rule(**GELU_TANH, domain=MODERATE_FLOATS, tolerance={"atol": 1e-3}), max_examples=EXAMPLES).ok
 
 
+@pytest.mark.slow
 def test_a_declared_domain_restricts_the_inputs():
     mul_one = dict(pattern=lambda x: x * 1, replacement=lambda x: x, name="mul_one")
     assert not check_rule(rule(**mul_one), max_examples=EXAMPLES).ok  # bool * 1 is int64
@@ -120,6 +126,7 @@ def test_a_rule_unsound_only_where_its_guard_is_false_passes():
     assert check_rule(integers, max_examples=EXAMPLES).ok
 
 
+@pytest.mark.slow
 def test_guards_on_shapes_are_respected():
     add_sub = dict(pattern=lambda x, y: x + y - y, replacement=lambda x, y: x, name="add_sub",
                    domain={**FLOATS, "special_values": False, "min_value": -10, "max_value": 10, "mixed_dtypes": False})
@@ -138,6 +145,7 @@ def test_a_guard_that_raises_is_an_error_with_the_inputs():
     assert "raised IndexError" in result.message and "    x = torch.tensor(" in result.message
 
 
+@pytest.mark.slow
 def test_a_rule_whose_pattern_never_runs_is_untestable():
     never = rule(lambda x: torch.mm(x, x), lambda x: x @ x, name="never", domain={"ranks": (0, 1)})
     result = check_rule(never, max_examples=20)
@@ -208,6 +216,7 @@ def test_conv_bn_folding_is_sound_on_default_modules():
     assert result.ok, result.message
 
 
+@pytest.mark.slow
 def test_conv_bn_folding_that_drops_the_conv_bias_is_caught():
     bad = rule(conv_bn_pattern, lambda x, conv, bn: folded(conv, bn, with_bias=False)(x), name="conv_bn_bad", **CONV_BN)
     result = check_rule(bad, max_examples=40)
@@ -250,6 +259,7 @@ def _double_neg():
     return Rule.from_functions(lambda x: torch.neg(torch.neg(x)), lambda x: x, name="neg_neg")
 
 
+@pytest.mark.slow
 def test_the_checker_draws_none_for_an_optional_capture():
     def pattern(x, lo: float | None, hi: float | None):
         return torch.clamp(torch.clamp(x, lo, hi), lo, hi)

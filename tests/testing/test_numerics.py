@@ -117,12 +117,14 @@ def test_a_contract_keeps_shape_and_dtype_problems_as_they_are():
     assert problem is not None and "dtypes differ" in problem
 
 
+@pytest.mark.slow
 def test_bf16_then_f16_is_unsound_bitwise_and_under_the_default_tolerance():
     buggy = _rule(_cast_twice, _cast_once, where=_floats_only)  # Inductor's pointless_convert, torch 2.13
     assert check_rule(buggy, repair=False).verdict == "unsound"
     assert check_rule(_rule(_cast_twice, _cast_once, "bitwise", where=_floats_only), repair=False).verdict == "unsound"
 
 
+@pytest.mark.slow
 def test_collapsing_two_casts_is_at_least_as_precise():
     # x -> d2 directly is the nearest d2 value to x: never less precise than through d1
     result = check_rule(_rule(_cast_twice, _cast_once, "as-precise", where=_floats_only), repair=False)

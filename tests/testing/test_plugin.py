@@ -76,6 +76,7 @@ def test_every_rule_is_its_own_test_item(pytester, rules_dir):
     assert result.ret == 0
 
 
+@pytest.mark.slow
 def test_sound_rules_pass_and_an_unsound_rule_fails_with_its_counterexample(pytester, rules_dir):
     result = run(pytester, "rules", "-v")
     result.assert_outcomes(passed=2, failed=1)
@@ -94,6 +95,7 @@ def test_sound_rules_pass_and_an_unsound_rule_fails_with_its_counterexample(pyte
     assert "Traceback" not in result.stdout.str()
 
 
+@pytest.mark.slow
 def test_examples_and_seed_options_reach_the_search(pytester, rules_dir):
     result = pytester.runpytest(*plugin_args(), "rules/algebra.fxr", "--fxrewrite-examples", "13",
                                 "--fxrewrite-seed", "7")
@@ -115,6 +117,7 @@ def test_a_bad_example_count_is_a_usage_error(pytester, rules_dir):
     assert result.ret == pytest.ExitCode.USAGE_ERROR
 
 
+@pytest.mark.slow
 def test_a_rule_file_that_does_not_load_is_a_collection_error(pytester):
     pytester.mkdir("rules")
     (pytester.path / "rules" / "broken.fxr").write_text("rule broken:\n    torch.neg(x =>\n")

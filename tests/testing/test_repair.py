@@ -27,6 +27,7 @@ def rule_from_code(rule: Rule, code: str) -> Rule:
     return R(rule.pattern, rule.replacement, name=rule.name, **arguments)
 
 
+@pytest.mark.slow
 def test_mul_one_over_all_dtypes_is_repaired_by_a_dtype_guard():
     rule = R(lambda x: x * 1, lambda x: x, name="mul_one")  # bool * 1 promotes to int64
     result = check_rule(rule)
@@ -43,6 +44,7 @@ def test_mul_one_over_all_dtypes_is_repaired_by_a_dtype_guard():
     assert "enforced at rewrite time" in result.message and "where x.dtype != torch.bool" in result.message
 
 
+@pytest.mark.slow
 def test_the_repair_guard_is_enforced_at_rewrite_time():
     result = check_rule(R(lambda x: x * 1, lambda x: x, name="mul_one"))
 
@@ -56,6 +58,7 @@ def test_the_repair_guard_is_enforced_at_rewrite_time():
         torch.testing.assert_close(out.module(value), model(value))
 
 
+@pytest.mark.slow
 def test_sqrt_of_a_square_on_float32_is_repaired_by_a_value_bound():
     rule = R(lambda x: torch.sqrt(x * x), lambda x: torch.abs(x), name="sqrt_square",
              domain={"dtypes": (torch.float32,)})  # x * x overflows beyond 1.8e19
@@ -69,6 +72,7 @@ def test_sqrt_of_a_square_on_float32_is_repaired_by_a_value_bound():
     assert check_rule(rule_from_code(rule, result.repair_code), repair=False).ok
 
 
+@pytest.mark.slow
 def test_relu_difference_over_all_dtypes_is_repaired_by_excluding_integers():
     rule = R(lambda x: torch.relu(x) - torch.relu(-x), lambda x: x, name="relu_diff")  # -INT_MIN overflows
     result = check_rule(rule)
@@ -82,6 +86,7 @@ def test_relu_difference_over_all_dtypes_is_repaired_by_excluding_integers():
     assert check_rule(pasted, repair=False).ok
 
 
+@pytest.mark.slow
 def test_broadcasting_arguments_are_repaired_by_requiring_one_shape():
     rule = R(lambda x, y: x + y, lambda x, y: x + y.reshape(x.shape), name="reshape_add")
     result = check_rule(rule)
@@ -90,6 +95,7 @@ def test_broadcasting_arguments_are_repaired_by_requiring_one_shape():
     assert guards_accept(result.repair, x=torch.ones(2, 3), y=torch.ones(2, 3))
 
 
+@pytest.mark.slow
 def test_a_rank_restriction_repairs_a_rule_that_needs_matrices():
     rule = R(lambda x: x.t(), lambda x: x.transpose(0, 1), name="t_transpose")  # transpose(0, 1) fails on vectors
     result = check_rule(rule)
@@ -97,6 +103,7 @@ def test_a_rank_restriction_repairs_a_rule_that_needs_matrices():
     assert guards_accept(result.repair, x=torch.ones(2, 3)) and not guards_accept(result.repair, x=torch.ones(3))
 
 
+@pytest.mark.slow
 def test_when_nothing_helps_repair_is_none_and_the_report_says_so():
     result = check_rule(R(lambda x: x * x, lambda x: x + x, name="square_is_double"))
     assert result.verdict == "unsound" and result.repair is None and result.repair_code is None
@@ -108,6 +115,7 @@ def test_a_sound_rule_has_no_repair():
     assert result.ok and result.repair is None and "repair:" not in result.message
 
 
+@pytest.mark.slow
 def test_repair_can_be_turned_off():
     result = check_rule(R(lambda x: x * 1, lambda x: x, name="mul_one"), repair=False)
     assert result.verdict == "unsound" and result.repair is None and "repair:" not in result.message
@@ -149,6 +157,7 @@ def test_a_repaired_rule_does_not_fire_where_the_graph_cannot_show_its_guard_hol
     torch.testing.assert_close(out.module(value), value * 1)
 
 
+@pytest.mark.slow
 def test_a_repair_keeps_the_rules_own_guards_and_says_so():
     def at_least_a_vector(m):
         return m["x"].dim() >= 1

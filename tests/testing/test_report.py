@@ -64,6 +64,7 @@ def test_one_line_reports_name_the_rule_and_where_it_is():
 # -- the reports of check_rule ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_report_shows_inputs_outputs_difference_and_where_the_rule_is():
     message = check_rule(DIV_SELF, max_examples=EXAMPLES).message
     lines = message.splitlines()
@@ -79,6 +80,7 @@ def test_report_shows_inputs_outputs_difference_and_where_the_rule_is():
     assert lines[-1].startswith("  fix:")
 
 
+@pytest.mark.slow
 def test_report_shows_the_declared_tolerance_and_domain():
     gelu = rule(lambda x: nn.functional.gelu(x), lambda x: nn.functional.gelu(x, approximate="tanh"), name="gelu_tanh",
                 tolerance={"atol": 1e-5}, domain={"dtypes": (torch.float64,), "special_values": False})
@@ -95,6 +97,7 @@ def test_report_shows_default_tolerance_and_domain():
     assert "  domain:      default -> dtypes float32, float64, int64, int32, uint8, bool" in message
 
 
+@pytest.mark.slow
 def test_report_shows_module_parameters():
     def pattern(x, lin: nn.Linear):
         return lin(x)

@@ -151,6 +151,7 @@ def test_non_contiguous_tensors_are_drawn_too():
 # -- inputs for a rule: dtypes and values ---------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_several_dtypes_are_drawn_and_mixed():
     drawn = draws(inputs_for(ADD), 200)
     dtypes = {d[name].dtype for d in drawn for name in "xy"}
@@ -188,6 +189,7 @@ def test_a_tensor_argument_can_have_a_fixed_shape():
     assert any(d["x"].dim() > 0 for d in drawn)
 
 
+@pytest.mark.slow
 def test_square_shapes_make_matmul_patterns_easy_to_feed():
     plan = plan_inputs(rule(lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1), -1) @ v))
     drawn = draws(plan.strategy(), 40)
@@ -201,6 +203,7 @@ def test_special_values_appear_in_rule_inputs():
     assert any((x == 0).any() for x in floats) and any((x < 0).any() for x in floats)
 
 
+@pytest.mark.slow
 def test_draws_where_the_pattern_raises_are_rejected():
     def pattern(x, y):
         return torch.mm(x, y)
@@ -224,6 +227,7 @@ def test_literal_captures_are_drawn_from_their_annotation():
     assert any(not math.isfinite(d["s"]) for d in drawn) and any(d["n"] < 0 for d in drawn)
 
 
+@pytest.mark.slow
 def test_string_captures_keep_the_values_the_pattern_accepts():
     def pattern(x, mode: str):
         return torch.div(x, 2, rounding_mode=mode)
@@ -488,6 +492,7 @@ def _identity(x, a: int, b: int, c: int):
     return x
 
 
+@pytest.mark.slow
 def test_every_permutation_of_a_small_rank_is_drawn():
     import itertools
 
@@ -496,6 +501,7 @@ def test_every_permutation_of_a_small_rank_is_drawn():
     assert set(itertools.permutations(range(3))) <= seen
 
 
+@pytest.mark.slow
 def test_a_permutation_bug_shrinks_to_a_three_cycle_on_a_small_tensor():
     found = _minimal(_permute_twice, _identity, None)
     order = tuple(found[k] % 3 for k in "abc")
@@ -537,6 +543,7 @@ def test_a_broadcasting_bug_is_not_hidden_by_overflow_and_shrinks_to_two_element
 _LAYERS = ("_values", "_domain", "_nn_modules", "_running", "_plan", "_probing", "_inputs", "strategies")
 
 
+@pytest.mark.slow
 def test_each_strategies_module_imports_only_the_ones_before_it():
     import ast
     from pathlib import Path
@@ -562,6 +569,7 @@ def test_the_strategies_module_offers_every_name_it_offered_before_the_split():
     assert [name for name in others if not hasattr(strategies, name)] == []
 
 
+@pytest.mark.slow
 def test_running_a_rule_and_building_modules_do_not_import_hypothesis():
     import subprocess
     import sys

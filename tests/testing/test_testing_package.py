@@ -41,6 +41,7 @@ def test_an_unknown_name_says_what_exists():
         fxrewrite.testing.check  # noqa: B018
 
 
+@pytest.mark.slow
 def test_hypothesis_is_imported_on_first_use_only():
     code = ("import sys, fxrewrite.testing; before = 'hypothesis' in sys.modules; "
             "from fxrewrite.testing import check_rule; print(before, 'hypothesis' in sys.modules)")
