@@ -461,6 +461,16 @@ def _tensor_layouts(draw: Any, plan: InputPlan, config: _Config, base: tuple[int
 MAX_RELATIONS_TRIED = 128
 
 
+def _fixed_shape(plan: InputPlan, param: Param, base: tuple[int, ...]) -> tuple[int, ...]:
+    own = plan.domain.tensor_domain(param.name).shape
+    return own if own is not None else base
+
+
+def _stand_in_dtype(plan: InputPlan, config: _Config, param: Param) -> torch.dtype:
+    own = plan.domain.tensor_domain(param.name).dtypes
+    return own[0] if own else dict(config.overrides).get(param.name, config.dtype)
+
+
 def accepted_relations(plan: InputPlan) -> tuple[Mapping[str, int], ...]:
     """How the shapes of the broadcastable tensor arguments may relate to the base shape so
     that the pattern runs and the guards hold, for a rule that draws layouts first: each a
@@ -477,7 +487,7 @@ def accepted_relations(plan: InputPlan) -> tuple[Mapping[str, int], ...]:
         base = (2,) * config.rank
         combos = sorted(itertools.product(range(config.rank + 1), repeat=len(names)), key=lambda c: (sum(c), c))
         for combo in combos[:MAX_RELATIONS_TRIED]:
-            layouts = {p.name: _Layout(base, dict(config.overrides).get(p.name, config.dtype), False)
+            layouts = {p.name: _Layout(_fixed_shape(plan, p, base), _stand_in_dtype(plan, config, p), False)
                        for p in plan.tensors}
             layouts.update({n: attrs.evolve(layouts[n], shape=base[d:]) for n, d in zip(names, combo)})
             if not _layouts_refused(plan, layouts, {}, {}):
