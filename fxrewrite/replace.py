@@ -355,21 +355,53 @@ class _ModuleCallSeen:
 
 
 def _may_call_modules(rule: Rule) -> bool:
-    """Can ``rule``'s replacement call an ``nn.Module``, as far as can be told without calling it?
-    When it has a module capture, or a module or module class is among the values its code names
-    directly (closure cells and globals); :class:`_ModuleCallSeen` catches the others
-    (``torch.nn.ReLU()(x)``)."""
-    if PATCH_ALWAYS or rule.compiled.module_captures:
-        return True
-    fn = inspect.unwrap(rule.replacement)
+    """Can ``rule``'s replacement call an ``nn.Module``, as far as its code tells without calling
+    it? When it has a module capture, or its code (or a function it names, two levels deep) names
+    a module, a module class, or reads an attribute named like a ``torch.nn`` module class
+    (``torch.nn.Linear``). :class:`_ModuleCallSeen` catches the others (a class looked up at run
+    time): those replacements are called twice at their first module call, which only a
+    replacement keeping state between calls can tell."""
+    return PATCH_ALWAYS or bool(rule.compiled.module_captures) or _names_modules(rule.replacement, 2)
+
+
+def _names_modules(fn: Any, depth: int) -> bool:
+    fn = inspect.unwrap(fn)
     code = getattr(fn, "__code__", None)
     if code is None:
         return True  # not a plain function (a callable object): assume it may
+    names = _code_names(code)
+    if not names.isdisjoint(_nn_module_class_names()):
+        return True
     named = [cell.cell_contents for cell in (getattr(fn, "__closure__", None) or ()) if _filled(cell)]
     fn_globals = getattr(fn, "__globals__", {})
-    named += [fn_globals[name] for name in code.co_names if name in fn_globals]
-    return any(isinstance(v, torch.nn.Module) or (isinstance(v, type) and issubclass(v, torch.nn.Module))
-               for v in named)
+    named += [fn_globals[name] for name in names if name in fn_globals]
+    for value in named:
+        if isinstance(value, torch.nn.Module) or (isinstance(value, type) and issubclass(value, torch.nn.Module)):
+            return True
+        if depth and inspect.isfunction(value) and value is not fn and _names_modules(value, depth - 1):
+            return True
+    return False
+
+
+def _code_names(code: Any) -> set[str]:
+    """The global and attribute names ``code`` and the code objects nested in it read."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if inspect.iscode(const):
+            names |= _code_names(const)
+    return names
+
+
+_NN_CLASS_NAMES: frozenset[str] | None = None
+
+
+def _nn_module_class_names() -> frozenset[str]:
+    global _NN_CLASS_NAMES
+    if _NN_CLASS_NAMES is None:
+        _NN_CLASS_NAMES = frozenset(
+            name for name, value in vars(torch.nn).items()
+            if isinstance(value, type) and issubclass(value, torch.nn.Module))
+    return _NN_CLASS_NAMES
 
 
 def _filled(cell: Any) -> bool:
