@@ -11,7 +11,9 @@ Three pieces, each a class of its own (as xDSL's rewriter, its listener and its 
   priority level, each in graph order, a node at most once per level, and only at the levels
   that have a rule anchored at one of its op keys.
 * the **driver** (:class:`Driver`) pops a node, tries the rules of that level anchored at its
-  op (cheap pre-checks first), applies the first match that neither the engine nor a guard
+  op that a :class:`~fxrewrite.dispatch.RuleIndex` does not rule out (literals and input ops
+  below the anchor; ``PLAIN_RULES`` is its slow twin; the report counts attempts as the plain
+  search does), cheap pre-checks first, applies the first match that neither the engine nor a guard
   refuses, and listens to the splicer: the op index files the created nodes, and the worklist
   is refilled from the event alone (the driver never looks at the graph to guess what changed).
 
@@ -61,6 +63,7 @@ from torch.fx.node import Node
 
 from ._torch import is_erased, tree_flatten, tree_leaves, tree_unflatten
 from .canon import alias_class, input_keys, mutation, node_keys, same_literal, writers_of
+from .dispatch import RuleIndex
 from .errors import DidNotConverge, Refuse, RewriteError
 from .index import OpIndex
 from .match import Match, match_at, node_position
@@ -73,6 +76,11 @@ __all__ = ["Driver", "Worklist"]
 logger = logging.getLogger(__name__)
 
 _PROGRESS_EVERY = 2048  # visits between two on_progress calls
+
+#: Try every rule filed under a node's op keys instead of the :class:`~fxrewrite.dispatch.RuleIndex`'s
+#: candidates: the slow twin, kept equal by ``tests/test_driver.py``'s differential test.
+PLAIN_RULES = False
+_INDEXED_FROM = 4  # rules under one op key from which the RuleIndex is asked at its nodes
 
 
 class Worklist:
@@ -143,13 +151,48 @@ class _Tally:
     seconds: float = 0.0
     reasons: list[str] = attrs.Factory(list)
 
-    def freeze(self) -> RuleStats:
-        return RuleStats(self.attempts, self.applied, self.rejected, self.seconds, tuple(self.reasons))
+    def freeze(self, left_out: int = 0) -> RuleStats:
+        """The counts, with ``left_out`` attempts (visits the rule index did not offer the rule at) added."""
+        return RuleStats(self.attempts + left_out, self.applied, self.rejected, self.seconds, tuple(self.reasons))
 
     def refused(self, node: Node, reason: str) -> None:
         self.rejected += 1
         if len(self.reasons) < MAX_REASONS:
             self.reasons.append(f"at '{node.name}': {reason}")
+
+
+class _Candidates:
+    """The rules to try at a node: per priority level, the rules anchored at each op key, in
+    rule-set order, and the :class:`~fxrewrite.dispatch.RuleIndex` that leaves out the ones that
+    cannot match there. The index is asked only at nodes with an op key that has at least
+    ``_INDEXED_FROM`` rules (with fewer, the plain list and the driver's anchor-input pre-check are
+    cheaper), and not at all with ``PLAIN_RULES`` (the slow twin: every rule of the node's op keys)."""
+
+    def __init__(self, ruleset: RuleSet) -> None:
+        self.by_level: dict[int, dict[Hashable, list[Rule]]] = {p: {} for p in sorted({r.priority for r in ruleset})}
+        for r in ruleset:  # RuleSet order within a level
+            self.by_level[r.priority].setdefault(r.anchor_key, []).append(r)
+        self.index = {} if PLAIN_RULES else {p: RuleIndex([r for r in ruleset if r.priority == p])
+                                             for p in self.by_level}
+        self.indexed_keys = {p: {k for k, rs in rules.items() if len(rs) >= _INDEXED_FROM}
+                             for p, rules in self.by_level.items()}
+        #: The index that gave the current visit's rules (told what fired by the driver), if any.
+        self.asked: RuleIndex | None = None
+
+    def at(self, node: Node, level: int) -> Iterable[Rule]:
+        """The rules of ``level`` that may match with ``node`` as their anchor, in the order to try them."""
+        rules = self.by_level[level]
+        keys = node_keys(node)
+        if self.index and any(key in self.indexed_keys[level] for key in keys):
+            self.asked = self.index[level]
+            return self.asked.candidates(node)
+        if len(keys) == 1:
+            return rules.get(keys[0], ())
+        return [r for key in keys for r in rules.get(key, ())]
+
+    def left_out(self) -> dict[str, int]:
+        """Per rule, the attempts the plain search would have counted that the index saved."""
+        return {name: n for index in self.index.values() for name, n in index.left_out().items()}
 
 
 class Driver:
@@ -165,9 +208,8 @@ class Driver:
         self.recent: collections.deque[str] = collections.deque(maxlen=64)  # names of the last rules applied
         self._last: tuple[Rule, str] | None = None  # the last rewrite's rule and anchor name
         self._applying: tuple[Rule, Match] | None = None  # the rewrite being spliced, for its change event
-        self.by_level: dict[int, dict[Hashable, list[Rule]]] = {p: {} for p in sorted({r.priority for r in ruleset})}
-        for r in ruleset:  # RuleSet order within a level
-            self.by_level[r.priority].setdefault(r.anchor_key, []).append(r)
+        self.rules = _Candidates(ruleset)
+        self.by_level = self.rules.by_level
         self.reach = max((r.compiled.depth for r in ruleset), default=1)
         self.largest = max((len(r.compiled.inner_nodes) for r in ruleset), default=1)
         needs_modules = any(r.compiled.module_captures for r in ruleset)
@@ -204,9 +246,18 @@ class Driver:
             _keep_outputs_fresh(self.graph, fresh, aten=aten)
 
     def _visit(self, node: Node, level: int) -> None:
-        """Try the rules of ``level`` anchored at ``node``; apply the first match nothing refuses."""
+        """Try the rules of ``level`` anchored at ``node``; apply the first match nothing refuses
+        (and tell the rule index which rule fired, so that the report counts the attempts the
+        plain search would have made)."""
+        self.rules.asked = None
+        applied = self._try(node, self._rules_at(node, level))
+        if self.rules.asked is not None:
+            self.rules.asked.visited(node, applied)
+
+    def _try(self, node: Node, rules: Iterable[Rule]) -> Rule | None:
+        """Try ``rules`` at ``node`` in order; the rule applied, or ``None``."""
         keys = None
-        for rule in self._rules_at(node, level):
+        for rule in rules:
             if node in self.settled.get(rule.name, ()):
                 continue  # the rule produced this node from its own pattern: trying again would loop
             tally = self.tallies[rule.name]
@@ -222,11 +273,12 @@ class Driver:
                 if refusal is None:
                     try:
                         self._apply(rule, match, tally)
-                        return
+                        return rule
                     except Refuse as declined:  # the graph is as it was; record why and go on
                         refusal = f"the replacement refused: {declined}"
             if refusal is not None:  # every match at this node was refused (a guard, or the engine): count it once
                 tally.refused(node, refusal)
+        return None
 
     def _refusal(self, rule: Rule, match: Match) -> str | None:
         """Why ``match`` cannot be applied (the engine's placement check, then the rule's guards)."""
@@ -237,12 +289,8 @@ class Driver:
         return rule.refusal(match)
 
     def _rules_at(self, node: Node, level: int) -> Iterable[Rule]:
-        """The rules of ``level`` anchored at what ``node`` computes (under each of its keys)."""
-        rules = self.by_level[level]
-        keys = node_keys(node)
-        if len(keys) == 1:
-            return rules.get(keys[0], ())
-        return [r for key in keys for r in rules.get(key, ())]
+        """The rules of ``level`` to try at ``node`` (see :class:`_Candidates`)."""
+        return self.rules.at(node, level)
 
     def _writers(self, value: Node) -> tuple[Node, ...] | None:
         """:func:`~fxrewrite.canon.writers_of`, cached per node with its user count: a node that only
@@ -326,9 +374,12 @@ class Driver:
         return f"rule '{rule.name}' ({rule.origin}) at graph node '{anchor}'"
 
     def report(self, seconds: float) -> Report:
-        """What this drive did, rule by rule, as a :class:`Report`."""
-        return Report({r.name: self.tallies[r.name].freeze() for r in self.ruleset}, self.rewrites, seconds,
-                      self.last_rewrite)
+        """What this drive did, rule by rule, as a :class:`Report`. A rule's ``attempts`` are the
+        visits of a node it is anchored at until a rule fired there, as the plain search counts
+        them: those at which the rule index left it out are added."""
+        left_out = self.rules.left_out()
+        stats = {r.name: self.tallies[r.name].freeze(left_out.get(r.name, 0)) for r in self.ruleset}
+        return Report(stats, self.rewrites, seconds, self.last_rewrite)
 
     def applied_rules(self) -> str:
         """The rules applied and how often (``"relu_relu (4x)"``), or ``"none"``, for error messages."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import operator
 
 import torch
@@ -100,3 +101,73 @@ def test_a_change_event_says_what_the_splice_created_erased_replaced_and_read():
     gm.graph.lint()
     gm.recompile()
     torch.testing.assert_close(gm(X), f(X))
+
+
+# -- the rule index, against its slow twin -----------------------------------------------------------
+
+
+def _attention(q, k, v, mask):
+    """Attention as the library's patterns spell it, with the spellings around them a model has."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) / 8.0 + mask
+    h = torch.matmul(torch.nn.functional.dropout(torch.softmax(scores, dim=-1), p=0.0, training=False), v)
+    h = h * torch.sigmoid(h) + torch.neg(torch.neg(q))
+    return torch.relu(torch.relu(h)).transpose(1, 2).contiguous().reshape(2, 4, 8)
+
+
+class _ConvBn(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn = torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4).eval()
+
+    def forward(self, x):
+        y = self.bn(self.conv(x))
+        return torch.relu(torch.relu(y * 1.0 + 0.0)) - torch.neg(y)
+
+
+def _shifted(i: int) -> Rule:
+    c, d = 0.5 + i, 2.0 + i
+    return Rule.from_functions(lambda x: (x + c) * d, lambda x: x * d + c * d, name=f"shift_scale_{i}")
+
+
+def _shifts(a):
+    for i in (3, 0, 7, 3):
+        a = torch.tanh((a + (0.5 + i)) * (2.0 + i)) * 3.0 + 1.0  # reassociated: tanh keeps the rounding small
+    return a
+
+
+def _programs():
+    from _helpers import standard_rules
+
+    library = standard_rules()
+    q = torch.randn(2, 2, 4, 4)
+    yield "attention", library, fx.symbolic_trace(_attention), (q, q.clone(), q.clone(), torch.zeros(4, 4))
+    yield "conv_bn", library, fx.symbolic_trace(_ConvBn()), (torch.randn(2, 3, 5, 5),)
+    yield "shifts", RuleSet([_shifted(i) for i in range(12)]), fx.symbolic_trace(_shifts), (X,)
+
+
+def test_the_rule_index_makes_the_graph_and_the_report_its_slow_twin_makes(monkeypatch):
+    """With the rule index (the default) and without it (``PLAIN_RULES``: every rule of a node's op
+    keys tried), the same code comes out and the report says the same: applied, attempts
+    (the index's left-out rules counted as the plain search counts them), rejected and why."""
+    from _helpers import assert_rewrite_sound
+
+    import fxrewrite.driver as driver
+    from fxrewrite import rewrite
+
+    saved = []
+    for name, rules, gm, inputs in _programs():
+        results = {}
+        for plain in (True, False):
+            monkeypatch.setattr(driver, "PLAIN_RULES", plain)
+            results[plain] = rewrite(gm, rules)
+            assert_rewrite_sound(gm, results[plain], *inputs, rtol=1e-4, atol=1e-5)
+        fast, slow = results[False], results[True]
+        assert fast.code == slow.code, name
+        for what in ("applied", "attempts", "rejected", "reasons"):
+            assert dict(getattr(fast.report, what)) == dict(getattr(slow.report, what)), (name, what)
+        assert sum(fast.report.applied.values()) >= 2, name  # the library fires there: not vacuous
+        monkeypatch.setattr(driver, "PLAIN_RULES", False)
+        probe = Driver(copy.deepcopy(gm), rules, budget=1000, debug=True)
+        probe.run()
+        saved.append(sum(probe.rules.left_out().values()))
+    assert saved[-1] > 0  # the literal-differing rules: the index left rules out and the report still agrees
