@@ -600,6 +600,7 @@ def _what(n: fx.Node, gm: fx.GraphModule) -> str | None:
     return None
 
 
+@pytest.mark.slow
 def test_rewritten_exported_encoder_has_fake_values_and_exports_again(encoder, encoder_program):
     result = rewrite(encoder_program.module(), ENCODER_RULES)
     created = [n for n in result.module.graph.nodes if "fxrewrite_rule" in n.meta]

@@ -139,6 +139,7 @@ def test_an_output_computed_by_a_new_node_is_named_in_the_signature(model, progr
     torch.testing.assert_close(got, expected)
 
 
+@pytest.mark.slow
 def test_rewritten_program_survives_run_decompositions(model, program):
     result = fxrewrite.rewrite(program, SILU)
     assert_rewrite_sound(model, result, X)

@@ -248,6 +248,7 @@ def test_function_pair_used_by_a_module_level_rule_is_not_loaded_twice(tmp_path)
 # ---- your rules added to the standard library ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_with_standard_adds_the_rules_of_a_path_after_the_standard_library(tmp_path):
     mine = write(tmp_path / "mine.fxr", "rule exp_log:\n    torch.exp(torch.log(x)) => x\n")
     standard = load_rules()
@@ -260,10 +261,12 @@ def test_with_standard_adds_the_rules_of_a_path_after_the_standard_library(tmp_p
     torch.testing.assert_close(result.module(x), torch.relu(x))
 
 
+@pytest.mark.slow
 def test_with_standard_without_a_path_is_the_standard_library():
     assert load_rules(with_standard=True).names == load_rules().names
 
 
+@pytest.mark.slow
 def test_with_standard_a_rule_named_like_a_standard_one_names_both_places(tmp_path):
     mine = write(tmp_path / "mine.fxr", "rule relu_relu:\n    torch.relu(torch.relu(x)) => torch.relu(x)\n")
     with pytest.raises(RuleDefinitionError, match="two rules are named 'relu_relu'") as info:

@@ -143,12 +143,14 @@ def mutations(draw) -> str:
 
 @FUZZ
 @given(mutations())
+@pytest.mark.slow
 def test_mutated_rule_files(text):
     must_parse_or_fail_cleanly(text)
 
 
 @FUZZ
 @given(st.text())
+@pytest.mark.slow
 def test_arbitrary_text(text):
     must_parse_or_fail_cleanly(text)
 
@@ -222,6 +224,7 @@ class _StepCounter:
 
 @FUZZ
 @given(let_graphs())
+@pytest.mark.slow
 def test_let_graphs_load_or_fail_cleanly_in_steps_linear_in_their_size(text):
     with _StepCounter() as counter:
         must_parse_or_fail_cleanly(text)
