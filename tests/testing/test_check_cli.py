@@ -44,6 +44,7 @@ def test_an_unsound_rule_exits_one_and_prints_its_report(tmp_path):
     assert out.rstrip().endswith(": 1 sound, 1 unsound")
 
 
+@pytest.mark.slow
 def test_several_paths_and_the_seed(tmp_path):
     (tmp_path / "a.fxr").write_text(SOUND)
     (tmp_path / "b.fxr").write_text(UNSOUND)
@@ -59,6 +60,7 @@ def test_origins_are_shown_relative_to_the_working_directory(tmp_path, monkeypat
     assert re.search(r"^double_neg\s+rules/good\.fxr:1\s", out, re.MULTILINE)
 
 
+@pytest.mark.slow
 def test_without_paths_the_shipped_library_is_checked(monkeypatch):
     checked = []
 
@@ -111,6 +113,7 @@ def test_spawned_processes_load_the_rules_again(tmp_path, monkeypatch):
     assert status == 0 and sorted(rows(out)) == ["neg_sub", "relu_relu"]
 
 
+@pytest.mark.slow
 def test_k_selects_by_rule_and_file_name_like_pytest(tmp_path):
     (tmp_path / "algebra.fxr").write_text(THREE)
     (tmp_path / "other.fxr").write_text(UNSOUND)
@@ -142,6 +145,7 @@ class Terminal(io.StringIO):
         return True
 
 
+@pytest.mark.slow
 def test_a_terminal_gets_a_status_line_that_is_cleared_before_each_row(tmp_path):
     (tmp_path / "algebra.fxr").write_text(THREE)
     out = Terminal()

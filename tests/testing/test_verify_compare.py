@@ -211,6 +211,7 @@ def test_each_side_gets_its_own_copy_of_the_inputs():
     assert x.item() == 0.0
 
 
+@pytest.mark.slow
 def test_verify_imports_neither_hypothesis_nor_pytest():
     code = "import sys, fxrewrite.verify; print(sorted(m for m in ('pytest', 'hypothesis') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
