@@ -11,9 +11,9 @@ what its pattern pins at the anchor:
   node's argument is read once per group, lined up the way the matcher lines it up
   (:func:`~fxrewrite.canon.lined_up_arguments`), both operand orders of a commutative call, and
   at depth 2 every node behind the identities the matcher looks through;
-* else one **op key of an operation feeding the anchor** (:attr:`Pattern.anchor_input_keys`,
-  the keys the driver's pre-check already requires, identities looked through by
-  :func:`~fxrewrite.canon.input_keys`);
+* else the (at most two, the rarest) **op keys of the operations feeding the anchor**
+  (:attr:`Pattern.anchor_input_keys`, the keys the driver's pre-check already requires,
+  identities looked through by :func:`~fxrewrite.canon.input_keys`);
 * else nothing: the rule is a candidate at every node of its anchor key.
 
 It is conservative by construction: whenever a step is not the matcher's own (an argument
@@ -258,7 +258,7 @@ class _Bucket:
         self.stops: dict[int, int] = {}  # position of the rule that fired -> visits that stopped there
         self.tried = [0] * len(self.rules)  # per rule, visits at which it was a candidate and was reached
         self.always: list[int] = []
-        self.by_input: dict[Hashable, list[int]] = {}
+        self.by_input: dict[frozenset[Hashable], list[int]] = {}
         self.groups: list[_Group] = []
         alike: dict[Hashable, list[int]] = {}
         for i, rule in enumerate(self.rules):
@@ -275,18 +275,19 @@ class _Bucket:
         self._file_by_inputs(sorted(rest))
 
     def _file_by_inputs(self, positions: list[int]) -> None:
-        """Each rule under the rarest op key its anchor must read, or with no key at all."""
+        """Each rule under the two rarest op keys its anchor must read (one when it needs one),
+        or with no key at all: a node offers the rules filed under a key, or a pair of keys, of
+        what feeds it."""
         counts: dict[Hashable, int] = {}
         for i in positions:
             for key in self.rules[i].compiled.anchor_input_keys:
                 counts[key] = counts.get(key, 0) + 1
         for i in positions:
-            required = self.rules[i].compiled.anchor_input_keys
+            required = sorted(self.rules[i].compiled.anchor_input_keys, key=lambda k: (counts[k], repr(k)))
             if not required:
                 self.always.append(i)
                 continue
-            rarest = min(required, key=lambda k: (counts[k], repr(k)))
-            self.by_input.setdefault(rarest, []).append(i)
+            self.by_input.setdefault(frozenset(required[:2]), []).append(i)
 
     def select(self, node: Node) -> list[int]:
         """Positions of the rules that may match at ``node``, in order."""
@@ -294,8 +295,11 @@ class _Bucket:
             return list(range(len(self.rules)))
         positions = list(self.always)
         if self.by_input:
-            for key in input_keys(node):
-                positions += self.by_input.get(key, ())
+            keys = sorted(input_keys(node), key=repr)
+            for j, key in enumerate(keys):
+                positions += self.by_input.get(frozenset((key,)), ())
+                for other in keys[j + 1:]:
+                    positions += self.by_input.get(frozenset((key, other)), ())
         for group in self.groups:
             positions += group.select(node)
         positions.sort()
