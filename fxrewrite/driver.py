@@ -119,9 +119,12 @@ class Worklist:
     def push(self, node: Node) -> None:
         """Queue ``node`` at every level with a rule anchored at one of its op keys, unless it is
         already waiting there."""
-        keys = node_keys(node)
+        keys = None  # computed only for a node not already waiting at some level
         for p in self.levels:
-            if node not in self._queued[p] and any(key in self.anchors[p] for key in keys):
+            if node in self._queued[p]:
+                continue
+            keys = node_keys(node) if keys is None else keys
+            if any(key in self.anchors[p] for key in keys):
                 self._queued[p].add(node)
                 heapq.heappush(self._queues[p], (node_position(node), next(self._seq), node))
 
