@@ -15,12 +15,13 @@ nodes erased.
 from __future__ import annotations
 
 import bisect
+import collections
 import contextlib
 import dis
 import inspect
 import re
 import threading
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -529,6 +530,7 @@ class Splicer:
         #: Per template key: the template of the first call, then (once a second call recorded the
         #: same) the confirmed template, or None when the replacement cannot be replayed.
         self._templates: dict[Hashable, tuple[_Template | None, bool]] = {}
+        self.sites = _ModuleCallSites(gm.graph)
         #: Per replacement (rule name, function id): is it called with ``nn.Module.__call__`` replaced?
         self._module_calling: dict[tuple[str, int], bool] = {}
 
@@ -588,6 +590,7 @@ class Splicer:
             self._learn(key, known, match, tracer, new_outputs)
         _rewire(match, new_outputs)
         _erase(self.gm.graph, match)
+        self.sites.spliced(tracer.created, match.nodes)
         if self._listeners:
             self._notify(match, tracer.created, new_outputs)
         return tracer.created
@@ -609,7 +612,7 @@ class Splicer:
             result = self._call_unpatched(match, rule)
         if guard is not None:
             guard.check()
-            _refuse_shared_modules(match, rule, tracer)
+            _refuse_shared_modules(match, rule, tracer, self.sites)
         new_outputs = _output_nodes(result, match, rule, tracer)
         _refuse_input_mutation(match, rule, tracer.created)
         return new_outputs
@@ -1067,7 +1070,7 @@ def _module_write_message(rule: Rule, match: Match, exc: _ModuleWrite) -> str:
             f"new weights) instead of writing into it.")
 
 
-def _refuse_shared_modules(match: Match, rule: Rule, tracer: _ReplacementTracer) -> None:
+def _refuse_shared_modules(match: Match, rule: Rule, tracer: _ReplacementTracer, sites: _ModuleCallSites) -> None:
     """A module capture is not handed to a replacement when the program calls that module at
     more than one place (a fold at one of them would change the others), unless the capture
     accepts it (``Accept(shared=True)``)."""
@@ -1077,10 +1080,53 @@ def _refuse_shared_modules(match: Match, rule: Rule, tracer: _ReplacementTracer)
         path = tracer._module_paths.get(id(match.bindings[param.name]))
         if path is None:
             continue
-        created = set(tracer.created)  # the replacement's own calls of it are not other places
-        calls = sum(n not in created for n in match.anchor.graph.find_nodes(op="call_module", target=path, sort=False))
+        calls = sites.count(path, tracer.created)  # the replacement's own calls of it are not other places
         if calls > 1:
             raise Refuse(f"module capture '{param.name}' is '{path}', which the program calls at {calls} places; "
                          f"replacing one call must not change the others (declare "
                          f"'{param.name}: Annotated[{param.annotation.__name__}, fxrewrite.Accept(shared=True)]' "
                          f"if the rule never changes the module)")
+
+
+class _ModuleCallSites:
+    """How many ``call_module`` nodes call each module path: counted in one pass when first
+    asked, then kept current by :meth:`spliced` (torch.fx finds such nodes by scanning every
+    ``call_module`` node, which made each fold of a module capture cost the graph's size). The
+    count is trusted only while the graph holds as many ``call_module`` nodes as it accounts
+    for (else it is counted again); the slow twin is ``graph.find_nodes(op="call_module",
+    target=path)``, used where torch.fx's lookup table is not there."""
+
+    def __init__(self, graph: fx.Graph) -> None:
+        self.graph = graph
+        self._counts: collections.Counter[str] | None = None
+        self._total = 0
+
+    def _table(self) -> Any:
+        table = getattr(getattr(self.graph, "_find_nodes_lookup_table", None), "table", None)
+        return None if table is None else table.get(("call_module", None), {})
+
+    def count(self, path: str, created: list[Node]) -> int:
+        """The nodes calling ``path``, those in ``created`` (not yet accounted for) left out."""
+        table = self._table()
+        fresh = [n for n in created if n.op == "call_module"]
+        if table is None:
+            skip = set(fresh)
+            return sum(n not in skip for n in self.graph.find_nodes(op="call_module", target=path, sort=False))
+        if self._counts is None or len(table) != self._total + len(fresh):
+            skip = set(fresh)
+            self._counts = collections.Counter(str(n.target) for n in table if n not in skip)
+            self._total = len(table) - len(fresh)
+        return self._counts[path]
+
+    def spliced(self, created: list[Node], erased: Sequence[Node]) -> None:
+        """Account for a splice: ``created`` are in the graph, ``erased`` are gone."""
+        if self._counts is None:
+            return
+        for node in created:
+            if node.op == "call_module" and not is_erased(node):
+                self._counts[str(node.target)] += 1
+                self._total += 1
+        for node in erased:
+            if node.op == "call_module":
+                self._counts[str(node.target)] -= 1
+                self._total -= 1

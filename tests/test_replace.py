@@ -432,3 +432,52 @@ def test_a_replacement_without_module_calls_runs_without_the_patch_and_one_with_
     assert patched["module"] == [False, True, True]  # seen calling a module, called again, then patched
     assert not _patched()
     assert_rewrite_sound(lambda a: torch.tanh(torch.abs(torch.tanh(torch.abs(a)))), result, X)
+
+
+class _Folds(torch.nn.Module):
+    """Four conv -> bn pairs; the first conv is also called on its own (a second place)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.convs = torch.nn.ModuleList(torch.nn.Conv2d(3, 3, 1) for _ in range(4))
+        self.bns = torch.nn.ModuleList(torch.nn.BatchNorm2d(3).eval() for _ in range(4))
+
+    def forward(self, x):
+        y = self.convs[0](x)
+        for conv, bn in zip(self.convs, self.bns):
+            x = bn(conv(x))
+        return x + y
+
+
+def test_module_call_sites_are_counted_once_and_kept_current_as_the_slow_scan_counts_them(monkeypatch):
+    """The splicer's per-path count of ``call_module`` nodes (kept current across folds) refuses
+    and allows exactly what torch.fx's scan of every call_module node does: the shared conv is
+    not folded, the three others are."""
+    from _helpers import standard_rules
+
+    import fxrewrite.replace as replace
+
+    fold = standard_rules()["conv_bn_fold"]
+    model, x = _Folds().eval(), torch.randn(2, 3, 4, 4)
+    results = {}
+    for slow in (False, True):
+        if slow:
+            monkeypatch.setattr(replace._ModuleCallSites, "_table", lambda self: None)
+        results[slow] = rewrite(model, fold)
+        assert_rewrite_sound(model, results[slow], x, rtol=1e-5, atol=1e-5)
+    fast, plain = results[False], results[True]
+    assert fast.code == plain.code
+    assert fast.report.applied["conv_bn_fold"] == plain.report.applied["conv_bn_fold"] == 3
+    assert fast.report.reasons == plain.report.reasons and "2 places" in fast.report.reasons["conv_bn_fold"][0]
+
+
+def test_module_call_sites_recount_after_an_edit_the_splicer_did_not_make():
+    import fxrewrite.replace as replace
+
+    gm = fx.symbolic_trace(_Folds())
+    sites = replace._ModuleCallSites(gm.graph)
+    assert sites.count("convs.0", []) == 2
+    extra = next(n for n in gm.graph.nodes if n.op == "call_module" and n.target == "convs.0")
+    with gm.graph.inserting_after(extra):
+        gm.graph.call_module("convs.0", (extra,))
+    assert sites.count("convs.0", []) == 3  # more call_module nodes than accounted for: counted again
