@@ -80,7 +80,11 @@ _PROGRESS_EVERY = 2048  # visits between two on_progress calls
 #: Try every rule filed under a node's op keys instead of the :class:`~fxrewrite.dispatch.RuleIndex`'s
 #: candidates: the slow twin, kept equal by ``tests/test_driver.py``'s differential test.
 PLAIN_RULES = False
-_INDEXED_FROM = 4  # rules under one op key from which the RuleIndex is asked at its nodes
+#: Rules under one op key from which the RuleIndex is asked at its nodes: below it, the plain list
+#: and the anchor-input pre-check cost less than asking the index and telling it what fired
+#: (bench_rewrite 8k, CPU medians: with 4, create3 50% R=50 and delete dag R=50, whose 50 rules
+#: are filed 4-19 per key, took 3-10% longer than without the index).
+_INDEXED_FROM = 32
 
 
 class Worklist:
@@ -168,17 +172,18 @@ class _Candidates:
     """The rules to try at a node: per priority level, the rules anchored at each op key, in
     rule-set order, and the :class:`~fxrewrite.dispatch.RuleIndex` that leaves out the ones that
     cannot match there. The index is asked only at nodes with an op key that has at least
-    ``_INDEXED_FROM`` rules (with fewer, the plain list and the driver's anchor-input pre-check are
-    cheaper), and not at all with ``PLAIN_RULES`` (the slow twin: every rule of the node's op keys)."""
+    ``_INDEXED_FROM`` rules (with fewer, the plain list and the driver's anchor-input pre-check
+    are cheaper; the differential test sets it to 1), and not at all with ``PLAIN_RULES`` (the
+    slow twin: every rule of the node's op keys)."""
 
     def __init__(self, ruleset: RuleSet) -> None:
         self.by_level: dict[int, dict[Hashable, list[Rule]]] = {p: {} for p in sorted({r.priority for r in ruleset})}
         for r in ruleset:  # RuleSet order within a level
             self.by_level[r.priority].setdefault(r.anchor_key, []).append(r)
-        self.index = {} if PLAIN_RULES else {p: RuleIndex([r for r in ruleset if r.priority == p])
-                                             for p in self.by_level}
-        self.indexed_keys = {p: {k for k, rs in rules.items() if len(rs) >= _INDEXED_FROM}
+        self.indexed_keys = {p: {k for k, rs in rules.items() if len(rs) >= _INDEXED_FROM and not PLAIN_RULES}
                              for p, rules in self.by_level.items()}
+        self.index = {p: RuleIndex([r for r in ruleset if r.priority == p])  # built where it is asked (~1 ms)
+                      for p in self.by_level if self.indexed_keys[p]}
         #: The index that gave the current visit's rules (told what fired by the driver), if any.
         self.asked: RuleIndex | None = None
 
@@ -186,7 +191,7 @@ class _Candidates:
         """The rules of ``level`` that may match with ``node`` as their anchor, in the order to try them."""
         rules = self.by_level[level]
         keys = node_keys(node)
-        if self.index and any(key in self.indexed_keys[level] for key in keys):
+        if self.indexed_keys[level] and any(key in self.indexed_keys[level] for key in keys):
             self.asked = self.index[level]
             return self.asked.candidates(node)
         if len(keys) == 1:
