@@ -344,7 +344,7 @@ def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
 
         paths = [*(paths or [str(standard_rules_dir())]), *args.add_rules]
     return run_check(paths, examples=args.examples, seed=args.seed, out=out, jobs=jobs,
-                     keyword=args.keyword, names=args.rule)
+                     keyword=args.keyword, names=args.rule, verbose=args.verbose)
 
 
 def cmd_lint(args: argparse.Namespace, out: TextIO) -> int:
@@ -448,6 +448,8 @@ def _add_check_command(sub: Any) -> None:
     check.add_argument("--seed", type=int, default=None, metavar="S", help="seed of the search (default: derandomized)")
     check.add_argument("-j", "--jobs", type=int, default=None, metavar="N",
                        help="check rules in N processes (default: the number of cores)")
+    check.add_argument("-v", "--verbose", action="store_true",
+                       help="under each rule's row: the inputs drawn, kept, and the share its guards rejected")
     check.add_argument("-k", dest="keyword", metavar="EXPR",
                        help="only rules whose name or file name matches EXPR, as pytest -k (e.g. 'relu and not gelu')")
     check.add_argument("--rule", action="append", metavar="NAME", help="only this rule (repeatable)")

@@ -648,3 +648,13 @@ def test_list_says_each_rules_numerics_contract(tmp_path):
     out = io.StringIO()
     assert main(["list", str(tmp_path)], out=out) == 0
     assert "    numerics: bitwise (" in out.getvalue()
+
+
+@pytest.mark.slow
+def test_check_verbose_shows_the_inputs_drawn_kept_and_rejected_per_rule():
+    out = io.StringIO()
+    assert main(["check", "rules/algebra.fxr", "--examples", "5", "-j", "1", "-k", "double_neg", "-v"], out=out) == 0
+    assert re.search(r"^ +inputs: drawn \d+, kept \d+, rejected \d+%$", out.getvalue(), re.MULTILINE)
+    quiet = io.StringIO()
+    assert main(["check", "rules/algebra.fxr", "--examples", "5", "-j", "1", "-k", "double_neg"], out=quiet) == 0
+    assert "inputs: drawn" not in quiet.getvalue()
