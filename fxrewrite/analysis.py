@@ -48,9 +48,9 @@ from .match import Match, match_at
 from .meta import propagate_inputs, record_values
 from .pattern import Param
 from .replace import Splicer
-from .rule import Rule, RulesLike, as_ruleset
+from .rule import Rule, RuleSet, RulesLike, as_ruleset
 
-__all__ = ["Finding", "Severity", "analyze", "canonical_form", "order_dependence"]
+__all__ = ["Finding", "Severity", "analyze", "canonical_form", "order_dependence", "replacement_raises"]
 
 logger = logging.getLogger(__name__)
 
@@ -498,6 +498,28 @@ def _not_analysed(rule: Rule, why: str) -> Finding:
 
 
 @functools.lru_cache(maxsize=256)
+def replacement_raises(finding: Finding, rules: RuleSet) -> Finding:
+    """``finding``, or, for a ``not-analysed`` note on a rule whose replacement raises on its own
+    pattern, an error saying what it raised: such a rule fails every rewrite where it matches (a
+    call that does not fit the op's schema, a name that does not exist), which ``fxrewrite lint``
+    is there to say before anything is rewritten."""
+    from .rewrite import rewrite
+
+    if finding.kind != "not-analysed" or "replacement raises" not in finding.message:
+        return finding
+    rule = rules[finding.rules[0]]
+    start = _start_for(rule)
+    if isinstance(start, str):
+        return finding
+    try:
+        rewrite(start.gm, rule)
+    except FxRewriteError as exc:
+        return Finding("replacement-raises", finding.rules,
+                       f"rule '{rule.name}' ({rule.origin}): its replacement raises when applied to its own pattern "
+                       f"graph, so every rewrite where it matches fails: {exc}", "error")
+    return finding
+
+
 def _rewritten(start: _Start) -> fx.GraphModule | None:
     """The start graph rewritten once by its own rule (cached: several analyses read it; no
     one modifies it, :func:`_apply` works on a copy)."""

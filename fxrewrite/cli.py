@@ -349,10 +349,10 @@ def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_lint(args: argparse.Namespace, out: TextIO) -> int:
     """Print what :func:`fxrewrite.analyze` finds; 1 when a finding makes rewrites fail (a loop)."""
-    from .analysis import analyze
+    from .analysis import analyze, replacement_raises
 
     rules = _load_rules(args.paths)
-    findings = sorted((_what_it_raised(f, rules) for f in analyze(rules)),
+    findings = sorted((replacement_raises(f, rules) for f in analyze(rules)),
                       key=lambda f: ("error", "warning", "note").index(f.severity))  # errors first, as analyze
     here = str(Path.cwd()) + "/"
     for finding in findings:
@@ -361,30 +361,6 @@ def cmd_lint(args: argparse.Namespace, out: TextIO) -> int:
     print(f"{len(rules)} rule(s): {counts['error']} error(s), {counts['warning']} warning(s), "
           f"{counts['note']} note(s)", file=out)
     return 1 if counts["error"] else 0
-
-
-def _what_it_raised(finding: Any, rules: RuleSet) -> Any:
-    """A ``not-analysed`` note on a rule whose replacement raises on its own pattern, made an
-    error that says what it raised: such a rule fails every rewrite where it matches (a call
-    that does not fit the op's schema, a name that does not exist), which lint is there to say
-    before anything is rewritten."""
-    from .analysis import Finding, _start_for  # the analysis' own start graph for the rule
-    from .errors import FxRewriteError
-    from .rewrite import rewrite
-
-    if finding.kind != "not-analysed" or "replacement raises" not in finding.message:
-        return finding
-    rule = rules[finding.rules[0]]
-    start = _start_for(rule)
-    if isinstance(start, str):
-        return finding
-    try:
-        rewrite(start.gm, rule)
-    except FxRewriteError as exc:
-        return Finding("replacement-raises", finding.rules,
-                       f"rule '{rule.name}' ({rule.origin}): its replacement raises when applied to its own pattern "
-                       f"graph, so every rewrite where it matches fails: {exc}", "error")
-    return finding
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,7 +13,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 import fxrewrite
-from fxrewrite import Finding, Rule, analyze
+from fxrewrite import Finding, Rule, RuleSet, analyze
 from fxrewrite.analysis import canonical_form
 from fxrewrite.cli import main
 
@@ -332,3 +332,17 @@ def test_independent_rules_and_rules_of_different_priorities_are_not_order_depen
     ranked = [R(lambda x: x * 2, lambda x: x + x, name="to_add", priority=1),
               R(lambda x: x * 2, lambda x: x * 2.0, name="to_float")]
     assert order_dependence(model, ranked, orders=6) == []
+
+
+def test_a_replacement_that_raises_on_its_own_pattern_is_an_error_saying_what_it_raised():
+    from fxrewrite.analysis import replacement_raises
+
+    bad = Rule.from_functions(lambda x: torch.relu(x), lambda x: torch.ops.aten.add.Tensor(x), name="short_add")
+    rules = RuleSet([bad])
+    notes = [f for f in analyze(rules) if f.kind == "not-analysed"]
+    assert [f.rules for f in notes] == [("short_add",)]
+    found = replacement_raises(notes[0], rules)
+    assert (found.kind, found.severity) == ("replacement-raises", "error")
+    assert "rule 'short_add'" in found.message and "its replacement raises" in found.message
+    unrelated = Finding("loop", ("short_add",), "a message", "warning")
+    assert replacement_raises(unrelated, rules) is unrelated
