@@ -45,7 +45,7 @@ from .canon import attribute_at, canonical_arguments, is_commutative_call, op_ke
 from .domain import Domain
 from .errors import FxRewriteError
 from .match import Match, match_at
-from .meta import propagate_inputs, record_values
+from .meta import forget_value, propagate_inputs, record_values
 from .pattern import Param
 from .replace import Splicer
 from .rule import Rule, RuleSet, RulesLike, as_ruleset
@@ -357,7 +357,7 @@ def _ran(gm: fx.GraphModule, inputs: Mapping[str, Any]) -> bool:
             record_values(gm, *(inputs[str(p.target)] for p in placeholders))
     except Exception:
         for n in gm.graph.nodes:
-            n.meta.pop("val", None)
+            forget_value(n)
         return False
     return True
 
@@ -370,7 +370,7 @@ def _typed(gm: fx.GraphModule, inputs: Mapping[str, Any]) -> bool:
             propagate_inputs(gm, [inputs[str(p.target)] for p in placeholders])
     except FxRewriteError:
         for n in gm.graph.nodes:
-            n.meta.pop("val", None)
+            forget_value(n)
         return False
     return True
 

@@ -39,6 +39,7 @@ import attrs
 
 from .domain import Domain, Tolerance
 from .errors import MetadataError, RewriteError, RuleDefinitionError, RuleWarning
+from .meta import described
 from .pattern import Param, Pattern, trace_pattern
 from .report import NO_METADATA
 
@@ -253,7 +254,7 @@ class Rule:
                     f"({match.anchor.format_node()}). Fix the guard; no rewrite was applied here."
                 ) from exc
             reason = f"guard {describe_guard(guard)} returned False"
-            if not any("val" in n.meta or "tensor_meta" in n.meta for n in (match.anchor, *match.nodes)):
+            if not any(described(n) is not None for n in (match.anchor, *match.nodes)):
                 reason += (f" ({NO_METADATA}; if the guard reads them, pass example_inputs= (command line: "
                            f"--shapes) or rewrite a torch.export graph (--export))")
             return reason
