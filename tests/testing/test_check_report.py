@@ -1,4 +1,8 @@
-"""fxrewrite.testing._report: the verdict and counterexample values, and the words of the reports."""
+"""fxrewrite.testing._report: the verdict and counterexample values, and the words of the reports.
+
+(The mirror of fxrewrite/testing/_report.py; named apart from tests/test_report.py, the mirror of
+fxrewrite/report.py, because pytest imports test files by their base name.)
+"""
 
 from __future__ import annotations
 
