@@ -376,6 +376,12 @@ class RuleIndex:
         report the plain search's ``attempts``."""
         return {name: n for bucket in self._buckets.values() for name, n in bucket.left_out().items()}
 
+    def discriminates(self, key: Hashable) -> bool:
+        """True when the index tells some rules anchored at ``key`` apart by a literal (rules alike
+        but for a constant), which is where asking it pays even for a few rules."""
+        bucket = self._buckets.get(key)
+        return bucket is not None and bool(bucket.groups)
+
     def plain(self, node: Node) -> Sequence[Rule]:
         """The slow twin: every rule anchored at what ``node`` computes, under each of its keys."""
         keys = node_keys(node)

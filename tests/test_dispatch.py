@@ -382,3 +382,18 @@ def test_the_index_tells_how_many_attempts_the_plain_search_would_have_counted()
     assert sum(tried.values()) < sum(plain.values()) / 2
     left_out = index.left_out()
     assert {r.name: tried[r.name] + left_out[r.name] for r in rules} == {r.name: plain[r.name] for r in rules}
+
+
+def test_the_index_says_where_it_tells_rules_apart_by_a_literal():
+    from fxrewrite import Rule
+    from fxrewrite.canon import op_key_of
+
+    def add_then_double(c):
+        return Rule.from_functions(lambda x: (x + c) * 2, lambda x: x * 2 + c * 2, name=f"add_{c}")
+
+    alike = [add_then_double(float(c)) for c in range(4)]
+    different = [Rule.from_functions(lambda x: torch.relu(x) * 2, lambda x: 2 * torch.relu(x), name="relu_mul")]
+    key = op_key_of("call_function", torch.mul)
+    assert RuleIndex(alike).discriminates(key)
+    assert not RuleIndex(different).discriminates(key)
+    assert not RuleIndex(alike).discriminates(op_key_of("call_function", torch.neg))
