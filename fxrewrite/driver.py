@@ -67,6 +67,7 @@ from .dispatch import RuleIndex
 from .errors import DidNotConverge, Refuse, RewriteError
 from .index import OpIndex
 from .match import Match, match_at, node_position
+from .meta import copy_value
 from .replace import Change, Splicer, placement_refusal
 from .report import MAX_REASONS, Report, RuleStats
 from .rule import Rule, RuleSet
@@ -474,7 +475,7 @@ def _keep_outputs_fresh(graph: fx.Graph, fresh: list[bool], *, aten: bool) -> No
             with graph.inserting_before(output):
                 clone = (graph.call_function(torch.ops.aten.clone.default, (value,)) if aten
                          else graph.call_method("clone", (value,)))
-            clone.meta.update({k: value.meta[k] for k in ("val", "tensor_meta") if k in value.meta})
+            copy_value(value, clone)
             clone.meta["stack_trace"] = "fxrewrite: the output was a new tensor before rewriting; it stays one\n"
             clones[value] = clone
     positions = iter(stale)

@@ -50,7 +50,7 @@ from torch.fx.node import Node
 from ._logs import quieted
 from ._torch import FakeTensor, detect_fake_mode, is_erased, tree_flatten, tree_unflatten
 from .errors import ArgumentError, RewriteError
-from .meta import rule_of, tensor_value
+from .meta import as_dynamo_value, is_dynamo_value, rule_of, tensor_value
 from .report import Report, RuleStats
 from .rule import Rule, RuleSet, RulesLike, as_ruleset
 
@@ -223,24 +223,19 @@ def compile_options(*passes: CustomGraphPass | Callable[[fx.Graph], None], stage
 @contextlib.contextmanager
 def _dynamo_values(graph: fx.Graph) -> Iterator[None]:
     """Dynamo's graphs (what a backend and the ``pre_grad`` stage see) carry their fake tensors in
-    ``meta["example_value"]``; lend them as ``meta["val"]`` while the rules run, so guards and
-    replacements see shapes and dtypes, then give the graph Dynamo's convention back (new nodes
-    keep their value as ``example_value``)."""
-    lent = [n for n in graph.nodes if "val" not in n.meta and "example_value" in n.meta]
-    if not lent:
+    ``meta["example_value"]``, which guards and replacements read like any value (every reader
+    asks :mod:`fxrewrite.meta`); the nodes the rules create get theirs as ``meta["val"]`` and are
+    given Dynamo's convention back here."""
+    if not any(is_dynamo_value(n) for n in graph.nodes):
         yield
         return
     before = set(graph.nodes)
-    for n in lent:
-        n.meta["val"] = n.meta["example_value"]
     try:
         yield
     finally:
-        for n in lent:
-            n.meta.pop("val", None)
         for n in graph.nodes:
-            if n not in before and "val" in n.meta:
-                n.meta.setdefault("example_value", n.meta.pop("val"))
+            if n not in before:
+                as_dynamo_value(n)
 
 
 def _lower_created(graph: fx.Graph, created: list[Node]) -> None:

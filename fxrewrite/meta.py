@@ -32,10 +32,12 @@ from .errors import RewriteError
 
 __all__ = [
     "copy_value",
+    "as_dynamo_value",
     "described",
     "forget_value",
     "has_value",
     "has_values",
+    "is_dynamo_value",
     "lend_constant",
     "lent_constant",
     "propagate_inputs",
@@ -92,10 +94,23 @@ def described(node: Node) -> Any:
 
 def copy_value(source: Node, target: Node) -> None:
     """Give ``target`` what the graph says of ``source``'s value (its value under the key the
-    graph uses, and ShapeProp's ``tensor_meta``): a node standing for another keeps its metadata."""
+    graph uses, and ShapeProp's ``tensor_meta``) where ``target`` says nothing yet: a node that
+    computes the value of another (a replacement's output, a clone) has its shape and dtype."""
     for key in (_VALUE, _DYNAMO_VALUE, _TENSOR_META):
-        if key in source.meta:
+        if key in source.meta and key not in target.meta:
             target.meta[key] = source.meta[key]
+
+
+def is_dynamo_value(node: Node) -> bool:
+    """True when ``node`` keeps its value where Dynamo does (``meta["example_value"]`` only)."""
+    return _DYNAMO_VALUE in node.meta and _VALUE not in node.meta
+
+
+def as_dynamo_value(node: Node) -> None:
+    """Move the value fxrewrite gave ``node`` (``meta["val"]``) to where Dynamo keeps its own, for a
+    node created in a Dynamo graph."""
+    if _VALUE in node.meta:
+        node.meta.setdefault(_DYNAMO_VALUE, node.meta.pop(_VALUE))
 
 
 def forget_value(node: Node) -> None:

@@ -21,7 +21,7 @@ import dis
 import inspect
 import re
 import threading
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -42,7 +42,7 @@ from .canon import (
 )
 from .errors import ModuleWriteError, Refuse, RewriteError
 from .match import Match, node_position
-from .meta import has_values, propagate_values
+from .meta import copy_value, has_values, propagate_values, rule_metadata, value_of
 from .rule import Rule
 
 __all__ = ["Change", "Splicer", "insertion_point", "placement_refusal"]
@@ -67,7 +67,7 @@ class _ValueProxy(fx.Proxy):
     is still recorded. Without metadata it records, like any Proxy."""
 
     def _value(self) -> Any:
-        return self.node.meta.get("val") if getattr(self.tracer, "annotate", False) else None
+        return value_of(self.node) if getattr(self.tracer, "annotate", False) else None
 
     def __getattr__(self, name: str) -> Any:
         val = self._value()
@@ -135,7 +135,7 @@ class _ReplacementTracer(fx.Tracer):
         self.new_attributes: list[str] = []
         self._module_paths = {id(m): name for name, m in modules.items()}
         self._tensor_paths: dict[int, str] | None = None
-        self._node_meta: dict[str, Any] = {"stack_trace": "", "fxrewrite_rule": None}
+        self._node_meta: dict[str, Any] = rule_metadata(None, "")
         self.aten = False
         self.annotate = False
         #: Set when the replacement read a matched value's metadata or called a module: its graph
@@ -161,7 +161,7 @@ class _ReplacementTracer(fx.Tracer):
             trace = self._stack_traces[rule.name] = _stack_trace(rule)
         #: What every node the replacement creates carries: where the replaced code sat, where the
         #: rule is written (``stack_trace``) and which rule made it.
-        self._node_meta = {**scope, "stack_trace": trace, "fxrewrite_rule": rule.name}
+        self._node_meta = {**scope, **rule_metadata(rule.name, trace)}
 
     def create_node(self, kind, target, args, kwargs, name=None, type_expr=None):  # type: ignore[no-untyped-def]
         if self.aten and kind in ("call_function", "call_method"):
@@ -916,7 +916,7 @@ def _output_nodes(result: Any, match: Match, rule: Rule, tracer: _ReplacementTra
 
 
 def _unpacked(result: fx.Proxy, n_out: int, match: Match, rule: Rule) -> Any:
-    val = result.node.meta.get("val")
+    val = value_of(result.node)
     if isinstance(val, (tuple, list)) and len(val) != n_out:
         raise RewriteError(
             f"{_where(rule, match)}: the pattern has {n_out} outputs but the replacement returned one call with "
@@ -929,15 +929,8 @@ def _unpacked(result: fx.Proxy, n_out: int, match: Match, rule: Rule) -> Any:
 def _rewire(match: Match, new_outputs: list[Node]) -> None:
     for old, new in zip(match.outputs, new_outputs):
         if old is not new:
-            _copy_value_meta(old.meta, new.meta)
+            copy_value(old, new)  # the new output computes the same value: same shape and dtype
             old.replace_all_uses_with(new)
-
-
-def _copy_value_meta(source: Mapping[str, Any], target: dict[str, Any]) -> None:
-    """The new output computes the same value as the old one: it has the same shape and dtype."""
-    for key in ("val", "tensor_meta"):
-        if key in source and key not in target:
-            target[key] = source[key]
 
 
 def _erase(graph: fx.Graph, match: Match) -> None:

@@ -13,11 +13,13 @@ from torch.fx.passes.shape_prop import ShapeProp
 from fxrewrite import rewrite
 from fxrewrite.errors import RewriteError
 from fxrewrite.meta import (
+    as_dynamo_value,
     copy_value,
     described,
     forget_value,
     has_value,
     has_values,
+    is_dynamo_value,
     lend_constant,
     lent_constant,
     propagate_inputs,
@@ -122,10 +124,13 @@ def test_a_node_without_metadata_is_described_as_nothing():
 
 def test_copy_value_keeps_the_convention_of_the_graph():
     gm = _dynamo_style(lambda x: x.relu().neg(), torch.ones(3))
-    x, _, neg, _ = gm.graph.nodes
+    x, relu, neg, _ = gm.graph.nodes
     fresh = gm.graph.create_node("call_function", torch.relu, (x,))
     copy_value(neg, fresh)
     assert "val" not in fresh.meta and fresh.meta["example_value"] is neg.meta["example_value"]
+    relu.meta["example_value"] = "its own"
+    copy_value(neg, relu)  # what a node says of itself stays
+    assert relu.meta["example_value"] == "its own"
 
 
 def test_forget_value_makes_propagation_compute_it_again():
@@ -145,3 +150,14 @@ def test_lent_constants_and_rules_are_read_back():
     node.meta.update(rule_metadata("double_neg", "trace\n"))
     assert lent_constant(node).item() == 2.0 and rule_of(node) == "double_neg"
     assert node.meta["stack_trace"] == "trace\n"
+
+
+def test_a_node_made_in_a_dynamo_graph_gets_its_value_where_dynamo_keeps_it():
+    gm = _dynamo_style(lambda x: x.relu(), torch.ones(3))
+    _, relu, _ = gm.graph.nodes
+    assert is_dynamo_value(relu)
+    fresh = gm.graph.create_node("call_function", torch.neg, (relu,))
+    propagate_values(gm, [fresh])
+    assert not is_dynamo_value(fresh) and tensor_value(fresh).shape == (3,)
+    as_dynamo_value(fresh)
+    assert is_dynamo_value(fresh) and tensor_value(fresh).shape == (3,)
