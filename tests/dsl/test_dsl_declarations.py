@@ -114,13 +114,11 @@ def test_tolerance_and_domain_remain_usable_as_variable_names():
 
 
 def test_the_settings_the_dsl_knows_are_those_the_property_tester_reads():
-    from fxrewrite.testing import DOMAIN_KEYS
-    from fxrewrite.testing.equivalence import Tolerance
-    from fxrewrite.testing.strategies import _INPUT_KEYS
+    from fxrewrite.domain import DOMAIN_KEYS, INPUT_KEYS, TOLERANCE_KEYS
 
     assert set(DOMAIN_SETTINGS) | {"literals", "modules", "inputs"} == set(DOMAIN_KEYS)
-    assert set(INPUT_SETTINGS) == set(_INPUT_KEYS)
-    assert set(TOLERANCE_SETTINGS) == {f.name for f in __import__("attrs").fields(Tolerance)}
+    assert set(INPUT_SETTINGS) == set(INPUT_KEYS)
+    assert set(TOLERANCE_SETTINGS) == set(TOLERANCE_KEYS)
 
 
 # ---- errors --------------------------------------------------------------------------------------
