@@ -42,36 +42,6 @@ sys.path.insert(1, str(Path(__file__).resolve().parent / "e2e"))
 #: CPU seconds from which a test's call must be marked ``slow``.
 SLOW_SECONDS = 1.0
 
-#: Tests that took a second or more of CPU when the rule came in, in files other people were
-#: editing (and moving tests between) at the time, by function name: marked ``slow`` here, at
-#: collection, until their owners move the marker onto the test (then delete the line). Do not
-#: add to this list: mark the test itself.
-MARKED_HERE = frozenset({
-    "test_lint_of_the_shipped_library_exits_0",
-    "test_the_shipped_library_has_no_loops",
-})
-
-#: Tests of the same files that build a rule ignoring a tensor its pattern binds, on purpose
-#: (fxrewrite's RuleWarning, an error otherwise): allowed to warn here until their owners say so at
-#: the test (then delete the line).
-WARNS_HERE = frozenset({
-    "test_a_template_recorded_where_two_variables_bound_one_value_is_not_replayed_where_they_differ",
-    "test_guards_on_shapes_are_respected",
-})
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Marks the tests of :data:`MARKED_HERE` ``slow`` before ``-m`` selects, and lets the tests
-    of :data:`WARNS_HERE` warn."""
-    for item in items:
-        name = getattr(item, "originalname", item.name)
-        if name in MARKED_HERE:
-            item.add_marker(pytest.mark.slow)
-        if name in WARNS_HERE:
-            item.add_marker(pytest.mark.filterwarnings("ignore::fxrewrite.RuleWarning"))
-
-
 def cpu_seconds() -> float:
     """CPU time of this process and of the child processes it has waited for (subprocess tests)."""
     times = os.times()

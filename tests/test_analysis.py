@@ -175,6 +175,7 @@ def test_a_replacement_that_cannot_be_applied_is_a_note():
 # -- the shipped library ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_shipped_library_has_no_loops():
     findings = analyze(fxrewrite.load_rules())
     loops = [str(f) for f in findings if f.kind in ("self-loop", "cycle")]
@@ -285,6 +286,7 @@ def test_the_shipped_library_with_the_examples_rules_shadows_no_rule():
     assert not [f for f in findings if f.severity == "error"]
 
 
+@pytest.mark.slow
 def test_lint_of_the_shipped_library_exits_0():
     out = io.StringIO()
     assert main(["lint"], out=out) == 0
