@@ -62,7 +62,7 @@ import torch.fx as fx
 from torch.fx.node import Node
 
 from ._torch import is_erased, tree_flatten, tree_leaves, tree_unflatten
-from .canon import alias_class, input_keys, mutation, node_keys, same_literal, writers_of
+from .canon import alias_class, input_keys, is_aten_graph, mutation, node_keys, same_literal, writers_of
 from .dispatch import RuleIndex
 from .errors import DidNotConverge, Refuse, RewriteError
 from .index import OpIndex
@@ -250,7 +250,7 @@ class Driver:
         """Rewrite until the worklist is empty (or ``stop_after`` rewrites were made); then keep
         the outputs that were tensors of their own so (see :func:`_keep_outputs_fresh`)."""
         fresh = _fresh_outputs(self.graph)
-        aten = any(isinstance(n.target, torch._ops.OpOverload) for n in self.graph.nodes)
+        aten = is_aten_graph(self.graph.nodes)
         visits = 0
         while self.stop_after is None or self.rewrites < self.stop_after:
             popped = self.worklist.pop()

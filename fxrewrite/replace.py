@@ -35,6 +35,7 @@ from .canon import (
     METADATA_ATTRIBUTES,
     METADATA_METHODS,
     aten_spelling,
+    is_aten_graph,
     mutation,
     result_kind,
     writers_of,
@@ -558,7 +559,7 @@ class Splicer:
         # replacements see shapes and dtypes when the graph has them; a rule rewriting a Python value
         # (x.shape[d] => x.size(d)) is recorded as written, never folded to a constant
         annotated = has_values(match.bindings.values()) and all(result_kind(o) != "value" for o in match.outputs)
-        tracer.begin(rule, aten=any(isinstance(n.target, torch._ops.OpOverload) for n in match.nodes),
+        tracer.begin(rule, aten=is_aten_graph(match.nodes),
                      annotate=annotated, anchor=match.anchor)
         key = _template_key(rule, match, tracer) if REPLAY else None
         known = self._templates.get(key) if key is not None else None
