@@ -276,3 +276,18 @@ def hf_attention_rule() -> Rule:
     """``hf_attention``: GPT-2's eager attention becomes ``scaled_dot_product_attention``."""
     return Rule.from_functions(_hf_attention, _sdpa, name="hf_attention")
 
+
+def folded_conv(conv: Any, bn: Any, *, with_bias: bool = True) -> Any:
+    """The ``nn.Conv2d`` computing ``bn(conv(x))`` in eval mode: conv-bn folding, written once for
+    the checker's tests (``with_bias=False`` is the historical bug that drops the conv's bias)."""
+    import torch
+    from torch import nn
+
+    scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
+    bias = conv.bias if conv.bias is not None and with_bias else torch.zeros_like(bn.running_mean)
+    fused = nn.Conv2d(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding,
+                      conv.dilation, conv.groups, bias=True)  # the checker draws groups, stride, dilation
+    with torch.no_grad():
+        fused.weight.copy_(conv.weight * scale.reshape(-1, 1, 1, 1))
+        fused.bias.copy_((bias - bn.running_mean) * scale + bn.bias)
+    return fused

@@ -7,6 +7,7 @@ import re
 
 import pytest
 import torch
+from _helpers import folded_conv
 from torch import nn
 
 from fxrewrite import Rule
@@ -197,30 +198,20 @@ def conv_bn_pattern(x, conv: nn.Conv2d, bn: nn.BatchNorm2d):
     return bn(conv(x))
 
 
-def folded(conv: nn.Conv2d, bn: nn.BatchNorm2d, *, with_bias: bool = True) -> nn.Conv2d:
-    scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
-    bias = conv.bias if conv.bias is not None and with_bias else torch.zeros_like(bn.running_mean)
-    fused = nn.Conv2d(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding,
-                      conv.dilation, conv.groups, bias=True)  # the checker draws groups, stride, dilation
-    with torch.no_grad():
-        fused.weight.copy_(conv.weight * scale.reshape(-1, 1, 1, 1))
-        fused.bias.copy_((bias - bn.running_mean) * scale + bn.bias)
-    return fused
-
-
 CONV_BN = dict(domain={"dtypes": (torch.float32,), "special_values": False, "min_value": -10, "max_value": 10},
                tolerance={"rtol": 1e-4, "atol": 1e-4})
 
 
 def test_conv_bn_folding_is_sound_on_default_modules():
-    good = rule(conv_bn_pattern, lambda x, conv, bn: folded(conv, bn)(x), name="conv_bn", **CONV_BN)
+    good = rule(conv_bn_pattern, lambda x, conv, bn: folded_conv(conv, bn)(x), name="conv_bn", **CONV_BN)
     result = check_rule(good, max_examples=40)
     assert result.ok, result.message
 
 
 @pytest.mark.slow
 def test_conv_bn_folding_that_drops_the_conv_bias_is_caught():
-    bad = rule(conv_bn_pattern, lambda x, conv, bn: folded(conv, bn, with_bias=False)(x), name="conv_bn_bad", **CONV_BN)
+    bad = rule(conv_bn_pattern, lambda x, conv, bn: folded_conv(conv, bn, with_bias=False)(x), name="conv_bn_bad",
+               **CONV_BN)
     result = check_rule(bad, max_examples=40)
     assert result.verdict == "unsound"
     assert result.counterexample["conv"].bias is not None

@@ -20,6 +20,7 @@ import attrs
 import pytest
 import torch
 import torch.nn.functional as F
+from _helpers import folded_conv
 from torch import nn
 
 from fxrewrite import Rule
@@ -84,23 +85,12 @@ def conv_bn(x, conv: nn.Conv2d, bn: nn.BatchNorm2d):
     return bn(conv(x))
 
 
-def _folded(conv: nn.Conv2d, bn: nn.BatchNorm2d, with_conv_bias: bool) -> nn.Conv2d:
-    scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
-    bias = conv.bias if conv.bias is not None and with_conv_bias else torch.zeros_like(bn.running_mean)
-    fused = nn.Conv2d(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding,
-                      conv.dilation, conv.groups, bias=True)  # the checker draws groups, stride, dilation
-    with torch.no_grad():
-        fused.weight.copy_(conv.weight * scale.reshape(-1, 1, 1, 1))
-        fused.bias.copy_((bias - bn.running_mean) * scale + bn.bias)
-    return fused
-
-
 def conv_bn_folded(x, conv: nn.Conv2d, bn: nn.BatchNorm2d):
-    return _folded(conv, bn, with_conv_bias=True)(x)
+    return folded_conv(conv, bn, with_bias=True)(x)
 
 
 def conv_bn_folded_without_conv_bias(x, conv: nn.Conv2d, bn: nn.BatchNorm2d):
-    return _folded(conv, bn, with_conv_bias=False)(x)
+    return folded_conv(conv, bn, with_bias=False)(x)
 
 
 CONV_BN = dict(domain={"dtypes": (torch.float32,), "special_values": False, "min_value": -10, "max_value": 10},
