@@ -117,6 +117,7 @@ def test_inputs_for_draws_every_parameter_by_name():
     assert all(sorted(d) == ["x", "y"] and all(isinstance(v, torch.Tensor) for v in d.values()) for d in drawn)
 
 
+@pytest.mark.slow  # 1.2 s of CPU in a fresh clone
 def test_tensor_shapes_are_related_equal_broadcast_and_of_different_ranks():
     any_shapes = rule(lambda x, y: torch.neg(x).sum() + torch.neg(y).sum())
     pairs = shapes_of(draws(inputs_for(any_shapes), 150), "x", "y")
@@ -473,6 +474,7 @@ def test_a_sign_of_zero_bug_shrinks_to_negative_zero():
     assert found["x"].shape == () and value == 0 and math.copysign(1, value) < 0
 
 
+@pytest.mark.slow  # 1.8 s of CPU in a fresh clone
 def test_an_overflow_bug_shrinks_to_the_largest_finite_value():
     found = _minimal(lambda x: torch.sqrt(x * x), lambda x: torch.abs(x), {"dtypes": (torch.float32,)})
     # +max or -max, both minimal (which one depends on the constants Hypothesis picked up in the session)
