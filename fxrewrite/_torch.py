@@ -95,7 +95,7 @@ def add_node(graph: fx.Graph, name: str, op: str, target: Any, args: tuple[Any, 
     >>> x = graph.placeholder("x")
     >>> y = add_node(graph, fresh_node_name(graph, node_name_base(graph, abs)), "call_function", abs, (x,), {})
     >>> _ = graph.output(y)
-    >>> print(graph.python_code("self").src.strip().splitlines()[1])
+    >>> print(graph.python_code("self").src.strip().splitlines()[1].strip())
     abs_1 = abs(x);  x = None
     """
     node = Node(graph, name, op, target, args, kwargs, type_expr)
