@@ -63,14 +63,17 @@ TOLERANCE_KEYS: tuple[str, ...] = ("rtol", "atol")
 ShapeMode = Literal["broadcast", "equal"]
 
 
-def _check_keys(declared: Mapping[str, Any], allowed: Iterable[str], what: str, where: str) -> None:
+def _check_keys(declared: Mapping[str, Any], allowed: Iterable[str], what: str, where: str,
+                fix: str | None = None) -> None:
+    """Raise for keys of ``declared`` not in ``allowed``, with the closest allowed key as a guess;
+    ``fix`` ends the message (default: the list of keys)."""
     allowed = sorted(allowed)
     unknown = sorted(str(k) for k in set(declared) - set(allowed))
     if unknown:
         guesses = [g for k in unknown for g in difflib.get_close_matches(k, allowed, n=1)]
         hint = f" (did you mean {', '.join(repr(g) for g in guesses)}?)" if guesses else ""
-        raise RuleDefinitionError(f"{where}: unknown {what} key(s) {unknown}{hint}; the keys are {allowed} "
-                                  f"(see fxrewrite.testing.DOMAIN_KEYS).")
+        fix = fix if fix is not None else f"the keys are {allowed} (see fxrewrite.testing.DOMAIN_KEYS)"
+        raise RuleDefinitionError(f"{where}: unknown {what} key(s) {unknown}{hint}; {fix}.")
 
 
 def _is_strategy(value: Any) -> bool:
@@ -325,13 +328,8 @@ class Tolerance(Mapping[str, float]):
             raise RuleDefinitionError(f"{where}: tolerance= takes a dict such as {{'rtol': 1e-5, 'atol': 1e-6}}, "
                                       f"got {declared!r}.")
         declared = dict(declared or {})
-        unknown = sorted(str(k) for k in set(declared) - set(TOLERANCE_KEYS))
-        if unknown:
-            guesses = [g for k in unknown for g in difflib.get_close_matches(k, TOLERANCE_KEYS, n=1)]
-            hint = f" (did you mean {', '.join(repr(g) for g in guesses)}?)" if guesses else ""
-            raise RuleDefinitionError(
-                f"{where}: unknown tolerance key(s) {unknown}{hint}; declare tolerance={{'rtol': ..., 'atol': ...}} "
-                f"(either may be left out).")
+        _check_keys(declared, TOLERANCE_KEYS, "tolerance", where,
+                    fix="declare tolerance={'rtol': ..., 'atol': ...} (either may be left out)")
         for key, value in declared.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
                 raise RuleDefinitionError(f"{where}: tolerance['{key}'] must be a number >= 0, got {value!r}.")
