@@ -481,6 +481,7 @@ def test_an_overflow_bug_shrinks_to_the_largest_finite_value():
     assert found["x"].shape == () and abs(float(found["x"])) == torch.finfo(torch.float32).max
 
 
+@pytest.mark.slow  # 1.0 s of CPU in a fresh clone
 def test_a_mask_bug_shrinks_to_the_value_2():
     for dtype in (torch.uint8, torch.int64):
         found = _minimal(lambda x: (x != 0).to(x.dtype), lambda x: x, {"dtypes": (dtype,)})
