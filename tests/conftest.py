@@ -15,7 +15,9 @@ run alone or in an xdist worker, and on no test of a full run's later files.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Generator
 from pathlib import Path
 
@@ -38,6 +40,26 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 # sys.path for this conftest): test_match and test_replace run every shipped rule's case of
 # e2e/test_stdlib.py, test_dispatch the random programs of e2e/test_fuzz_rewrite.py.
 sys.path.insert(1, str(Path(__file__).resolve().parent / "e2e"))
+
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The parse cache of ``.fxr`` files (``fxrewrite._cache``) writes into a temporary
+    directory for the session, never into the developer's ``~/.cache``; child processes the tests
+    start inherit it."""
+    config._fxrewrite_cache_home = os.environ.get("XDG_CACHE_HOME")  # type: ignore[attr-defined]
+    config._fxrewrite_test_cache = tempfile.mkdtemp(prefix="fxrewrite-test-cache-")  # type: ignore[attr-defined]
+    os.environ["XDG_CACHE_HOME"] = config._fxrewrite_test_cache  # type: ignore[attr-defined]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(getattr(config, "_fxrewrite_test_cache", ""), ignore_errors=True)
+    saved = getattr(config, "_fxrewrite_cache_home", None)
+    if saved is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = saved
+
 
 #: CPU seconds from which a test's call must be marked ``slow``.
 SLOW_SECONDS = 1.0

@@ -118,3 +118,21 @@ def test_nested_outputs_are_compared_leaf_by_leaf():
     assert_same_outputs({"logits": torch.ones(2), "past": [(torch.ones(1), torch.zeros(1))]}, expected)
     with pytest.raises(AssertionError, match=r"output \['past'\]\[0\]\[1\]"):
         assert_same_outputs({"logits": torch.ones(2), "past": [(torch.ones(1), torch.ones(1))]}, expected)
+
+
+# ---- the parse cache of a test run ----------------------------------------------------------------------
+
+
+def test_a_test_run_caches_parsed_rule_files_in_a_temporary_directory_not_the_users(tmp_path):
+    import os
+    import tempfile
+
+    import fxrewrite
+
+    home = Path(os.environ["XDG_CACHE_HOME"])
+    assert home.name.startswith("fxrewrite-test-cache-") and Path(tempfile.gettempdir()) in home.parents
+    rules = tmp_path / "cached.fxr"
+    rules.write_text('rule neg_neg_cached "Replaces -(-x) by x.":\n    torch.neg(torch.neg(x)) => x\n')
+    before = set((home / "fxrewrite").glob("*")) if (home / "fxrewrite").exists() else set()
+    assert [r.name for r in fxrewrite.load_rules(rules)] == ["neg_neg_cached"]
+    assert set((home / "fxrewrite").glob("*.ast")) - before, "loading a .fxr file wrote no cache entry there"
