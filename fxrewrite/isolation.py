@@ -258,10 +258,11 @@ def _set_autocast_cpu(state: tuple[bool, torch.dtype]) -> None:
     torch.set_autocast_dtype("cpu", state[1])
 
 
-def _items() -> tuple[_Item, ...]:
+def _build_items() -> tuple[_Item, ...]:
     """Everything preserved, in the order it is restored (modes and inference mode before grad
     mode, which leaving inference mode may change). Private torch functions are looked up
-    when called, so a torch release that moves one loses that item only (logged), not the rest."""
+    when called, so a torch release that moves one loses that item only (logged), not the rest.
+    :func:`_items` is this, built once."""
     c = torch._C
     return (
         _Item("torch function modes (default device)", _function_modes, _set_function_modes, same=_same_modes),
@@ -292,6 +293,17 @@ def _items() -> tuple[_Item, ...]:
         *(_hook_item(name) for name in _hook_dict_names()),
         _global_value_item("_global_is_full_backward_hook"),
     )
+
+
+_ITEMS: tuple[_Item, ...] = _build_items()
+
+
+def _items() -> tuple[_Item, ...]:
+    """:func:`_build_items`, built once, at import: building it costs about three times what
+    reading the state does, and every pattern trace reads it. Its items look up what may move
+    (private torch functions, the hook dictionaries) when they run, not when they are built;
+    ``tests/test_isolation.py`` checks it equals a fresh build."""
+    return _ITEMS
 
 
 #: The names of the pieces of state :func:`torch_state_preserved` puts back.

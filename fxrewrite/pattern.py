@@ -210,12 +210,29 @@ class _PatternTracer(ThreadConfinedTracer):
 
     def create_args_for_root(self, root_fn, is_module, concrete_args=None):  # type: ignore[no-untyped-def]
         fn, args = super().create_args_for_root(root_fn, is_module, concrete_args)
+        return fn, self._stubbed(args)
+
+    def _stubbed(self, args: list[Any]) -> list[Any]:
+        """The placeholders' proxies, a module capture's replaced by its call-recording stub."""
         by_name = {p.name: p for p in self._params}
         stubbed = []
         for arg in args:
             param = by_name.get(str(getattr(getattr(arg, "node", None), "target", "")))
             stubbed.append(_ModuleCaptureStub(self, param) if param and param.kind == "module" else arg)
-        return fn, stubbed
+        return stubbed
+
+    def create_arg(self, a: Any) -> Any:
+        """``fx.Tracer.create_arg``, its type tests skipped for the values a pattern passes most
+        (a proxy, a number, a string, a dtype, a plain tuple or list of them): for exactly those
+        types fx's own tests all fail and it ends in its base class's table of the same
+        conversions (``torch.fx.proxy._create_arg_bypass``). The plain tracer (``plain=True``)
+        takes fx's path for every value."""
+        kind = type(a)
+        if kind in _PLAIN_ARGS and not self._plain:
+            return a.node if kind is fx.Proxy else a
+        if kind in _PLAIN_SEQUENCES and not self._plain:
+            return kind(self.create_arg(item) for item in a)
+        return super().create_arg(a)
 
     def trace(self, root: Any, concrete_args: Any = None) -> fx.Graph:
         if self._plain or not isinstance(root, types.FunctionType) or concrete_args is not None or is_fx_tracing():
@@ -266,10 +283,33 @@ class _PatternTracer(ThreadConfinedTracer):
         set_code_fields(self.graph, fn)
         self.tensor_attrs = {}
         fn_globals = fn.__globals__
-        traced, args = self.create_args_for_root(fn, False)
+        traced, args = fn, self._placeholders(fn)
         with autowrap_patches(fn_globals, self._autowrap_function_ids, self._autowrap_search):
             returns = inspect.get_annotations(inspect.unwrap(traced)).get("return", None)
             self.create_node("output", "output", (self.create_arg(traced(*args)),), {}, type_expr=returns)
+
+
+    def _placeholders(self, fn: types.FunctionType) -> list[Any]:
+        """What ``create_args_for_root(fn, False)`` returns for a function whose parameters are
+        all positional (a pattern's: :func:`signature_params` allows no other), without its
+        ``inspect.signature``: one placeholder per parameter, in order, with its default and its
+        annotation as written; module captures stubbed. Any other function takes fx's way."""
+        code = fn.__code__
+        if fn is not inspect.unwrap(fn) or code.co_kwonlyargcount or code.co_flags & _VARIADIC:
+            return self.create_args_for_root(fn, False)[1]
+        names = code.co_varnames[:code.co_argcount]
+        defaults = fn.__defaults__ or ()
+        first_default = len(names) - len(defaults)
+        annotations = fn.__annotations__
+        args = [self.create_proxy("placeholder", name, (defaults[i - first_default],) if i >= first_default else (),
+                                  {}, type_expr=annotations.get(name, None))
+                for i, name in enumerate(names)]
+        return self._stubbed(args)
+
+
+_PLAIN_ARGS = frozenset({fx.Proxy, int, float, bool, str, type(None), torch.dtype})
+_PLAIN_SEQUENCES = frozenset({tuple, list})
+_VARIADIC = inspect.CO_VARARGS | inspect.CO_VARKEYWORDS
 
 
 def trace_pattern(fn: Callable[..., Any], *, rule_name: str, origin: str) -> Pattern:

@@ -168,6 +168,17 @@ def test_a_state_that_cannot_be_restored_is_reported_not_raised(monkeypatch, cap
     assert "could not restore grad mode" in caplog.text
 
 
+def test_the_items_built_once_are_those_a_fresh_build_gives():
+    """_items (built at import) against its slow twin _build_items: same state, same order, and
+    the same values read now."""
+    once, fresh = isolation._items(), isolation._build_items()
+    assert [i.name for i in once] == [i.name for i in fresh] == list(PRESERVED)
+    for a, b in zip(once, fresh):
+        assert a.same(a.get(), b.get()), a.name
+        assert (a.setters is None) == (b.setters is None) and (a.put_back_own is None) == (b.put_back_own is None)
+    assert isolation._items() is once
+
+
 def test_every_global_hook_dictionary_of_nn_module_is_preserved():
     names = {n for n, v in vars(module_globals).items() if n.startswith("_global_") and isinstance(v, dict)}
     assert names and all(any(n in p for p in PRESERVED) for n in names)

@@ -298,3 +298,30 @@ def test_pattern_without_replacement_and_non_rules_are_refused():
         rewrite(lambda a: a, ["neg_neg"])
     with pytest.raises(RuleDefinitionError, match="expected a Rule, a RuleSet or an iterable of rules, got 3"):
         rewrite(lambda a: a, 3)
+
+
+def _closure_reader(x, y):
+    scale = 2.0
+
+    def inner(z):
+        return z * scale + y
+
+    return inner(x)
+
+
+def test_names_read_from_raw_bytecode_are_those_dis_reads():
+    """The quick bytecode reader against its slow twin (dis) on every rule of the library, its
+    patterns too, and on closures (cells, free variables)."""
+    import importlib
+
+    from _helpers import standard_rules
+
+    rule_module = importlib.import_module("fxrewrite.rule")
+    functions = [f for r in standard_rules() for f in (r.pattern, r.replacement)] + [_closure_reader]
+    for fn in functions:
+        code = fn.__code__
+        expected = rule_module._names_read_by_dis(code)
+        if rule_module._QUICK_BYTECODE:
+            assert rule_module._names_read_quickly(code) == expected, fn
+        assert rule_module._names_read(fn) == expected
+    assert rule_module._names_read(_closure_reader) == {"x", "y", "inner", "scale"}
