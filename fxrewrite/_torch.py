@@ -26,8 +26,11 @@ from typing import Any
 import torch
 import torch.fx as fx
 import torch.fx._symbolic_trace as _symbolic_trace
+import torch.fx.graph as _fx_graph
+import torch.fx.node as _fx_node
 import torch.utils._pytree as pytree
 from torch._guards import detect_fake_mode as _detect_fake_mode
+from torch._library.opaque_object import is_opaque_value_type
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.graph_module import _copy_attr
 from torch.fx.node import Node
@@ -36,6 +39,9 @@ from torch.fx.subgraph_rewriter import _replace_attributes
 __all__ = [
     "FakeTensor",
     "FakeTensorMode",
+    "FxCodeGen",
+    "FxNamespace",
+    "FxPythonCode",
     "add_node",
     "autowrap_function_ids",
     "autowrap_patches",
@@ -44,11 +50,20 @@ __all__ = [
     "copy_replacement_attributes",
     "detect_fake_mode",
     "fresh_node_name",
+    "fx_codegen_builtins",
+    "fx_format_target",
+    "fx_inplace_methods",
+    "fx_is_from_torch",
+    "fx_magic_methods",
+    "fx_qualified_name",
+    "fx_type_repr",
     "fx_tracing",
     "is_fx_tracing",
     "is_erased",
+    "is_opaque_value_type",
     "node_name_base",
     "node_position",
+    "python_code_replaced",
     "reparametrized",
     "set_code_fields",
     "set_graph_without_compiling",
@@ -149,6 +164,36 @@ def reparametrized(module: torch.nn.Module, state: Mapping[str, torch.Tensor]) -
 
     with _reparametrize_module(module, dict(state), tie_weights=True, strict=False):
         yield
+
+
+# ---- torch.fx's code generator, for fxrewrite.codegen's python_code ------------------------------
+# The slow twin is fx's own Graph.python_code; tests/test_codegen.py checks that both give the same code.
+
+FxCodeGen = _fx_graph.CodeGen
+FxNamespace = _fx_graph._Namespace
+FxPythonCode = _fx_graph.PythonCode
+fx_format_target = _fx_graph._format_target  # "self" + "a.b" -> "self.a.b" (getattr(...) for non-identifiers)
+fx_is_from_torch = _fx_graph._is_from_torch
+fx_magic_methods = _fx_graph.magic_methods  # operator.add -> "{} + {}"
+fx_inplace_methods = _fx_graph.inplace_methods  # operator.iadd -> "{} += {}"
+fx_qualified_name = _fx_node._get_qualified_name
+fx_type_repr = _fx_node._type_repr
+
+
+def fx_codegen_builtins() -> list[tuple[str, Any]]:
+    """The globals every graph's generated code gets first (``inf``, ``torch``, ...), in order."""
+    return [(name, builtin.obj) for name, builtin in _fx_graph._custom_builtins.items()]
+
+
+@contextlib.contextmanager
+def python_code_replaced(graph: fx.Graph, python_code: Callable[..., Any]) -> Iterator[None]:
+    """``graph.python_code`` is ``python_code`` inside the block: ``GraphModule.recompile()``
+    then generates the code with it and does the rest (compile, ``forward``, ``__call__``) itself."""
+    graph.python_code = python_code  # type: ignore[method-assign]  # an instance attribute shadows the method
+    try:
+        yield
+    finally:
+        del graph.python_code
 
 
 # ---- tracing a function the way fx.Tracer.trace does, without its per-trace costs -------------

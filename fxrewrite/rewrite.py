@@ -4,7 +4,8 @@ This module takes what users hand over and gives back what they expect: it check
 turns a module or function into a ``GraphModule`` (:mod:`fxrewrite.target`), sends an
 ``ExportedProgram`` to :mod:`fxrewrite.exported` (which calls back into the drive given to
 it), runs the :class:`~fxrewrite.driver.Driver` to a fixed point, then lints, drops what nothing
-reads any more, recompiles once and returns the :class:`~fxrewrite.report.Report`. How the
+reads any more, recompiles once (:func:`fxrewrite.codegen.recompile`: fx's code, generated
+cheaper) and returns the :class:`~fxrewrite.report.Report`. How the
 drive orders its work and why it stops is :mod:`fxrewrite.driver`'s docstring.
 
 >>> import torch
@@ -33,6 +34,7 @@ import torch
 import torch.fx as fx
 
 from ._gc import collections_paused
+from .codegen import recompile
 from .driver import Driver
 from .errors import ArgumentError, FxRewriteError, NotEquivalent, RewriteError
 from .exported import rewrite_program
@@ -112,7 +114,7 @@ def _rewrite_module(target: torch.nn.Module | Callable[..., Any], ruleset: RuleS
         driver.run()
     except FxRewriteError as exc:
         if inplace and driver.rewrites:
-            gm.recompile()
+            recompile(gm)
             _add_note(exc, f"inplace=True: the module keeps the {driver.rewrites} rewrite(s) applied before this "
                            f"error.")
         raise
@@ -149,7 +151,7 @@ def _recompile(gm: fx.GraphModule, driver: Driver, *, inplace: bool) -> None:
     """Generate the rewritten module's code; a graph Python cannot be generated from is a
     :class:`RewriteError` naming the rules applied, never a raw error from code generation."""
     try:
-        gm.recompile()
+        recompile(gm)
     except Exception as exc:
         kept = (" With inplace=True the module's graph holds the rewrites but its code is the old one: rebuild it "
                 "from a fresh trace." if inplace else " The caller's module is untouched.")
@@ -272,5 +274,5 @@ def rewrite_graph(graph: fx.Graph, rules: RulesLike, *, max_rewrites: int | None
         if driver.rewrites:
             _check_lint(graph, driver, how="set FXREWRITE_DEBUG=1")
             _drop_dead_attributes(gm, owned=False)
-            gm.recompile()
+            recompile(gm)
     return driver.report(time.perf_counter() - started)

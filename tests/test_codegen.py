@@ -3,6 +3,7 @@ can be moved and imported from anywhere."""
 
 from __future__ import annotations
 
+import operator
 import shutil
 import subprocess
 import sys
@@ -12,9 +13,12 @@ import warnings
 import pytest
 import torch
 import torch.fx as fx
-from _helpers import assert_rewrite_sound
+from _helpers import assert_rewrite_sound, standard_rules
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_fuzz_rewrite import random_graph  # tests/e2e is on sys.path (conftest)
 
-from fxrewrite import Rule, TargetError, rewrite
+from fxrewrite import Rule, TargetError, codegen, rewrite
 from fxrewrite.codegen import annotated_code, code_diff, forward_code, pickled_submodules, write_module
 
 NEG_NEG = Rule.from_functions(lambda x: torch.neg(torch.neg(x)), lambda x: x, name="neg_neg")
@@ -156,3 +160,120 @@ def rewritten_function(gm: fx.GraphModule) -> fx.GraphModule:
     x = torch.randn(3)
     torch.testing.assert_close(result.module(x), gm(x))
     return result.module
+
+
+# -- python_code: fx's code, generated cheaper (its slow twin is fx's Graph.python_code) ----------
+
+
+def same_python_code(graph: fx.Graph) -> bool:
+    """``codegen.python_code`` gives what fx's generator gives: source, globals, line map, prologue;
+    True when it generated them itself (no fallback to fx's generator)."""
+    expected = graph.python_code("self")
+    calls = []
+    original = codegen._Generator.python_code
+
+    def counted(self):
+        result = original(self)
+        calls.append(1)
+        return result
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(codegen._Generator, "python_code", counted)
+        got = codegen.python_code(graph, "self")
+    assert got.src == expected.src
+    assert got.globals == expected.globals
+    assert got._lineno_map == expected._lineno_map and got._prologue_start == expected._prologue_start
+    return bool(calls)
+
+
+@fx.wrap
+def wrapped_helper(x, k):
+    return x * k
+
+
+class Odd(torch.nn.Module):
+    """Arguments and targets of every kind fx prints: the generator re-spells or hands them to fx."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(4, 4)])
+        self.register_buffer("scale", torch.ones(4))
+
+    def forward(self, input: torch.Tensor, torch_: "int" = 3, *rest):  # noqa: UP037 - a string annotation
+        x = self.layers[0](input) * self.scale
+        y = torch.cat([x, x], dim=-1)[..., :4]
+        z = torch.nn.functional.pad(x, (1, 1), mode="constant", value=float("inf"))
+        x = x.to(dtype=torch.float64, device=torch.device("cpu")).float()
+        x += torch_
+        w = wrapped_helper(x, 2)
+        return {"a": y, "b": (z, w.sum(dim=(0,), keepdim=True)), "shape": x.shape[0], "r": rest}
+
+
+def test_python_code_is_fx_code_on_arguments_and_targets_of_every_kind():
+    gm = fx.symbolic_trace(Odd())
+    assert same_python_code(gm.graph)
+    assert "wrapped_helper" in gm.code and "input_1 = input" in gm.code
+    graph = fx.Graph()
+    a = graph.placeholder("a", type_expr=torch.Tensor)
+    b = graph.call_function(getattr, (a, "shape"))
+    c = graph.call_function(getattr, (a, "not an identifier"))
+    d = graph.call_function(torch.reshape, (a, torch.Size([2, 2])), {"extra": {"k": [b, (c,)], 1: None}})
+    e = graph.call_function(operator.setitem, (d, slice(None, 1, None), 0.5))
+    f = graph.call_method("add", (d, 1), {"alpha": 2})
+    g = graph.call_function(torch.ops.aten.relu.default, (f,))
+    getter = graph.get_attr("sub.weight")
+    graph.output((e, g, getter))
+    assert same_python_code(graph)
+
+
+@pytest.mark.parametrize("annotated", ["generic", "empty", "body transformer"])
+def test_python_code_hands_what_it_does_not_re_spell_to_fx(annotated):
+    graph = fx.Graph()
+    x = graph.placeholder("x", type_expr=list[int] if annotated == "generic" else None)
+    graph.output(x)
+    if annotated == "empty":
+        graph = fx.Graph()
+    if annotated == "body transformer":
+        graph.on_generate_code(lambda _: lambda body: ["# hello\n", *body])
+    assert not same_python_code(graph)
+
+
+@pytest.mark.slow  # every shipped case, rewritten by the whole library: 7 s
+def test_python_code_is_fx_code_on_every_shipped_case_before_and_after_the_library():
+    from test_stdlib import CASES, LIBRARY  # tests/ is on sys.path, as for _helpers
+
+    from fxrewrite.target import to_graph_module
+
+    generated = 0
+    for _, case in sorted(CASES.items()):
+        gm = to_graph_module(case.model())
+        generated += same_python_code(gm.graph)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = rewrite(gm, LIBRARY)
+        generated += same_python_code(result.module.graph)
+    patterns = sum(same_python_code(rule.compiled.graph) for rule in LIBRARY)
+    assert generated == 2 * len(CASES) and patterns > len(LIBRARY) // 2  # it generated them itself
+
+
+@settings(max_examples=6, derandomize=True, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+@given(st.data())
+def test_python_code_is_fx_code_on_fuzzed_graphs_before_and_after_the_library(data):
+    gm, _, _ = random_graph(data.draw)
+    assert same_python_code(gm.graph)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = rewrite(gm, standard_rules())
+    assert same_python_code(result.module.graph)
+
+
+def test_recompile_and_its_slow_twin_give_the_same_module(monkeypatch):
+    gm = fx.symbolic_trace(Odd())
+    x = torch.randn(2, 4)
+    codegen.recompile(gm)
+    fast_code, fast_out = gm.code, gm(x)
+    monkeypatch.setattr(codegen, "FAST_CODEGEN", False)
+    codegen.recompile(gm)
+    assert gm.code == fast_code
+    torch.testing.assert_close(gm(x), fast_out)

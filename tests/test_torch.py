@@ -100,3 +100,24 @@ def test_a_copied_namespace_hands_out_the_names_the_original_would():
         _torch.add_node(copy, node.name, node.op, node.target, (), {})
     _torch.copy_namespace(graph, copy)
     assert _torch.fresh_node_name(copy, "relu") == _torch.fresh_node_name(graph, "relu") == "relu_2"
+
+
+def test_the_code_generator_s_parts_are_where_fxrewrite_codegen_reads_them():
+    assert ("torch", torch) in _torch.fx_codegen_builtins()
+    assert _torch.fx_qualified_name(torch.relu) == "torch.relu" and _torch.fx_is_from_torch(torch.relu)
+    assert _torch.fx_format_target("self", "layers.0") == 'getattr(self.layers, "0")'
+    assert _torch.fx_magic_methods["add"] == "{} + {}" and _torch.fx_inplace_methods["iadd"] == "{} += {}"
+    assert _torch.fx_type_repr(torch.Tensor) == "torch.Tensor" and not _torch.is_opaque_value_type(int)
+    namespace = _torch.FxNamespace()
+    assert [namespace.create_name("input", None), namespace.create_name("x", None)] == ["input_1", "x"]
+    assert issubclass(_torch.FxPythonCode, object) and hasattr(_torch.FxCodeGen, "_gen_python_code")
+    gm = fx.symbolic_trace(nn.ReLU())
+    calls = []
+
+    def generate(root_module, **options):
+        calls.append(root_module)
+        return fx.Graph.python_code(gm.graph, root_module, **options)
+
+    with _torch.python_code_replaced(gm.graph, generate):
+        gm.recompile()
+    assert calls == ["self"] and "python_code" not in vars(gm.graph)
