@@ -20,8 +20,7 @@ import contextlib
 import dis
 import inspect
 import re
-import threading
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import attrs
@@ -30,6 +29,7 @@ import torch.fx as fx
 from torch.fx.node import Node
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ._module_calls import first_mode, next_mode, recording
 from ._torch import add_node, fresh_node_name, is_erased, node_name_base, tree_leaves
 from .canon import (
     METADATA_ATTRIBUTES,
@@ -275,152 +275,6 @@ def _stack_trace(rule: Rule) -> str:
     return f'File "{file or rule.origin}", line {line if line.isdigit() else 0}, in {rule.name}\n    {summary}\n'
 
 
-def _contains_proxy(values: Any) -> bool:
-    return any(isinstance(v, fx.Proxy) for v in tree_leaves(values))
-
-
-class _ModuleCalls:
-    """Records ``nn.Module`` calls on Proxies as ``call_module`` nodes, for the threads that are
-    calling a replacement, and only for them.
-
-    Like torch.fx's Tracer, this has to replace ``nn.Module.__call__`` (a module's ``forward``
-    must not be traced through). The replacement is installed only while a replacement function
-    runs (:meth:`calling`): when the first such call in the process starts, and restored when the
-    last one ends (under a lock, counting users), in a ``finally``; between two replacements of a
-    rewrite (while guards run, while the graph is matched) ``nn.Module.__call__`` is torch's own.
-    Which tracer records is per thread, so concurrent rewrites of different models, and forwards
-    run by other threads meanwhile, each see the right behaviour; a replacement that itself calls
-    ``rewrite`` nests (the outer tracer is put back when the inner call ends).
-    """
-
-    _lock = threading.Lock()
-    _users = 0
-    _original: Any = None
-    _local = threading.local()
-
-    @classmethod
-    @contextlib.contextmanager
-    def calling(cls, tracer: _ReplacementTracer) -> Iterator[None]:
-        """While the block runs, module calls on Proxies in this thread record into ``tracer``."""
-        with cls._lock:
-            if cls._users == 0:
-                cls._original = torch.nn.Module.__call__
-                torch.nn.Module.__call__ = _module_call  # type: ignore[method-assign]
-            cls._users += 1
-        previous = getattr(cls._local, "tracer", None)
-        cls._local.tracer = tracer
-        try:
-            yield
-        finally:
-            cls._local.tracer = previous
-            with cls._lock:
-                cls._users -= 1
-                if cls._users == 0 and torch.nn.Module.__call__ is _module_call:
-                    torch.nn.Module.__call__ = cls._original  # type: ignore[method-assign]
-
-    @classmethod
-    def active_tracer(cls) -> _ReplacementTracer | None:
-        return getattr(cls._local, "tracer", None)
-
-
-#: Call every replacement with ``nn.Module.__call__`` replaced (the slow twin of :class:`_ModuleCallSeen`).
-PATCH_ALWAYS = False
-
-
-class _ModuleCalled(Exception):
-    """Raised by :class:`_ModuleCallSeen`'s hook to stop a module call at its start."""
-
-
-class _ModuleCallSeen:
-    """While the block runs, a module called by this thread is stopped before its ``forward``
-    runs (a global forward pre-hook raising :class:`_ModuleCalled`; other threads' module calls
-    pass it unchanged) and :attr:`called` is set, even if the caller catches the exception.
-    Registering and removing the hook costs a few microseconds and changes no class (unlike
-    :class:`_ModuleCalls`, which replaces ``nn.Module.__call__``)."""
-
-    def __init__(self) -> None:
-        self.called = False
-        self._thread = threading.get_ident()
-        self._handle: Any = None
-
-    def _hook(self, module: torch.nn.Module, inputs: Any) -> None:
-        if threading.get_ident() == self._thread:
-            self.called = True
-            raise _ModuleCalled(f"{type(module).__name__} called by a replacement run without the module patch")
-
-    def __enter__(self) -> _ModuleCallSeen:
-        self._handle = torch.nn.modules.module.register_module_forward_pre_hook(self._hook)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._handle.remove()
-
-
-def _may_call_modules(rule: Rule) -> bool:
-    """Can ``rule``'s replacement call an ``nn.Module``, as far as its code tells without calling
-    it? When it has a module capture, or its code (or a function it names, two levels deep) names
-    a module, a module class, or reads an attribute named like a ``torch.nn`` module class
-    (``torch.nn.Linear``). :class:`_ModuleCallSeen` catches the others (a class looked up at run
-    time): those replacements are called twice at their first module call, which only a
-    replacement keeping state between calls can tell."""
-    return PATCH_ALWAYS or bool(rule.compiled.module_captures) or _names_modules(rule.replacement, 2)
-
-
-def _names_modules(fn: Any, depth: int) -> bool:
-    fn = inspect.unwrap(fn)
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        return True  # not a plain function (a callable object): assume it may
-    names = _code_names(code)
-    if not names.isdisjoint(_nn_module_class_names()):
-        return True
-    named = [cell.cell_contents for cell in (getattr(fn, "__closure__", None) or ()) if _filled(cell)]
-    fn_globals = getattr(fn, "__globals__", {})
-    named += [fn_globals[name] for name in names if name in fn_globals]
-    for value in named:
-        if isinstance(value, torch.nn.Module) or (isinstance(value, type) and issubclass(value, torch.nn.Module)):
-            return True
-        if depth and inspect.isfunction(value) and value is not fn and _names_modules(value, depth - 1):
-            return True
-    return False
-
-
-def _code_names(code: Any) -> set[str]:
-    """The global and attribute names ``code`` and the code objects nested in it read."""
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if inspect.iscode(const):
-            names |= _code_names(const)
-    return names
-
-
-_NN_CLASS_NAMES: frozenset[str] | None = None
-
-
-def _nn_module_class_names() -> frozenset[str]:
-    global _NN_CLASS_NAMES
-    if _NN_CLASS_NAMES is None:
-        _NN_CLASS_NAMES = frozenset(
-            name for name, value in vars(torch.nn).items()
-            if isinstance(value, type) and issubclass(value, torch.nn.Module))
-    return _NN_CLASS_NAMES
-
-
-def _filled(cell: Any) -> bool:
-    try:
-        _ = cell.cell_contents
-    except ValueError:  # a cell not assigned yet
-        return False
-    return True
-
-
-def _module_call(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-    tracer = _ModuleCalls.active_tracer()
-    if tracer is not None and _contains_proxy((args, kwargs)):
-        return tracer.module_call(module, args, kwargs)
-    return _ModuleCalls._original(module, *args, **kwargs)
-
-
 #: Replay replacements from a recorded template instead of calling them again (see :class:`_Template`).
 REPLAY = True
 
@@ -520,7 +374,7 @@ class Splicer:
 
     While a replacement function runs, calling any ``nn.Module`` on Proxies in this thread
     records a ``call_module`` node instead of tracing through its ``forward`` (see
-    :class:`_ModuleCalls`). Using a splicer as a context manager is allowed and does nothing
+    :mod:`fxrewrite._module_calls`). Using a splicer as a context manager is allowed and does nothing
     more (it used to install that for its whole life).
     """
 
@@ -532,8 +386,8 @@ class Splicer:
         #: same) the confirmed template, or None when the replacement cannot be replayed.
         self._templates: dict[Hashable, tuple[_Template | None, bool]] = {}
         self.sites = _ModuleCallSites(gm.graph)
-        #: Per replacement (rule name, function id): is it called with ``nn.Module.__call__`` replaced?
-        self._module_calling: dict[tuple[str, int], bool] = {}
+        #: Per replacement (rule name, function id): the mode of :mod:`fxrewrite._module_calls` it is called in.
+        self._modes: dict[tuple[str, int], str] = {}
 
     def __enter__(self) -> Splicer:
         return self
@@ -600,17 +454,21 @@ class Splicer:
         """Call the replacement on Proxies, recording its module calls and guarding the modules the
         match captured; the nodes that stand for the pattern's outputs.
 
-        ``nn.Module.__call__`` is replaced for this call only, and only when the replacement may call
-        a module (:meth:`_patches`): each replacement costs two assignments to ``nn.Module``, each
-        invalidating the type caches of all its subclasses. Any other replacement runs under
-        :class:`_ModuleCallSeen`; if it calls a module after all, what it created is rolled back
-        and it is called again with the patch (and from then on always with it)."""
+        The replacement runs in the mode of :mod:`fxrewrite._module_calls` it was last called in
+        (first: :func:`~fxrewrite._module_calls.first_mode`). When a module call got past that
+        mode's recording (:class:`~fxrewrite._module_calls.ModuleCallSeen`), what the call created
+        and changed is rolled back and the replacement called again in the next mode, which this
+        splicer keeps for it from then on."""
         tracer = self.tracer
-        if guard is not None or self._patches(rule):
-            with guard if guard is not None else contextlib.nullcontext(), _ModuleCalls.calling(tracer):
-                result = rule.replacement(**_arguments(match, tracer))
-        else:
-            result = self._call_unpatched(match, rule)
+        key = (rule.name, id(rule.replacement))
+        mode = self._modes.get(key)
+        if mode is None:
+            mode = self._modes[key] = first_mode(rule)
+        while True:
+            result, again = self._call_in(mode, match, rule, guard)
+            if not again:
+                break
+            mode = self._modes[key] = next_mode(mode)
         if guard is not None:
             guard.check()
             _refuse_shared_modules(match, rule, tracer, self.sites)
@@ -618,33 +476,26 @@ class Splicer:
         _refuse_input_mutation(match, rule, tracer.created)
         return new_outputs
 
-    def _patches(self, rule: Rule) -> bool:
-        """Is ``rule``'s replacement called with ``nn.Module.__call__`` replaced? When it may call a
-        module (:func:`_may_call_modules`) or was seen calling one in this splicer's life."""
-        key = (rule.name, id(rule.replacement))
-        known = self._module_calling.get(key)
-        if known is None:
-            known = self._module_calling[key] = _may_call_modules(rule)
-        return known
-
-    def _call_unpatched(self, match: Match, rule: Rule) -> Any:
-        """Call the replacement without the ``nn.Module.__call__`` patch; if it calls a module
-        (:class:`_ModuleCallSeen`), roll back what it created and call it again with the patch."""
+    def _call_in(self, mode: str, match: Match, rule: Rule, guard: _CapturedModules | None) -> tuple[Any, bool]:
+        """Call the replacement once, module calls recorded in ``mode``: its result and whether
+        a module call got past the recording (then everything the call did is undone and its
+        names freed, so that calling it again makes the same graph)."""
         tracer = self.tracer
-        seen, names = _ModuleCallSeen(), tracer.names()
+        names = tracer.names()
+        watch = None
         try:
-            with seen:
+            with guard if guard is not None else contextlib.nullcontext(), recording(tracer, mode) as watch:
                 result = rule.replacement(**_arguments(match, tracer))
         except Exception:
-            if not seen.called:
+            if watch is None or not watch.called:
                 raise
-        if not seen.called:
-            return result
-        self._module_calling[(rule.name, id(rule.replacement))] = True
+        if watch is None or not watch.called:
+            return result, False
         tracer.rollback(names)
         tracer.read_metadata = False
-        with _ModuleCalls.calling(tracer):
-            return rule.replacement(**_arguments(match, tracer))
+        if guard is not None:
+            guard.undo()
+        return None, True
 
     def _notify(self, match: Match, created: list[Node], new_outputs: list[Node]) -> None:
         """Send the listeners the :class:`Change` a splice made."""

@@ -319,31 +319,6 @@ def test_replacement_reading_a_value_that_is_not_live_before_it_is_refused_and_r
     assert_consistent(gm, model)
 
 
-def test_module_call_is_torchs_own_between_replacements_and_records_only_inside_one():
-    """``nn.Module.__call__`` is replaced only while a replacement function runs: a guard, run
-    between two replacements of the same rewrite, sees torch's own."""
-    original = torch.nn.Module.__call__
-    seen: dict[str, list[bool]] = {"guard": [], "replacement": []}
-    linear = torch.nn.Linear(4, 4)
-
-    def guard(match):
-        seen["guard"].append(torch.nn.Module.__call__ is original)
-        return True
-
-    def replacement(x):
-        seen["replacement"].append(torch.nn.Module.__call__ is original)
-        return linear(x)  # recorded as call_module, not traced through
-
-    rule = Rule.from_functions(lambda x: torch.neg(torch.neg(x)), replacement, name="neg_neg_linear", where=guard)
-    f = lambda a: torch.neg(torch.neg(torch.relu(torch.neg(torch.neg(a)))))  # noqa: E731
-    result = rewrite(f, rule)
-    assert seen == {"guard": [True, True], "replacement": [False, False]}
-    assert torch.nn.Module.__call__ is original
-    assert [n.op for n in result.module.graph.nodes].count("call_module") == 2
-    result.module.graph.lint()
-    torch.testing.assert_close(result.module(X), linear(torch.relu(linear(X))))
-
-
 def test_a_replacement_reads_itemsize_and_nbytes_from_the_metadata():
     """canon's METADATA_ATTRIBUTES: sizes in bytes follow from dtype and shape, so a replacement
     may branch on them at rewrite time (no getattr node is recorded)."""
@@ -361,78 +336,6 @@ def test_a_replacement_reads_itemsize_and_nbytes_from_the_metadata():
         operator.mul, operator.add]
     result.module.graph.lint()
     torch.testing.assert_close(result.module(X), X * 2 + 1)  # the branch taken: float32 has 4 bytes
-
-
-#: Module classes looked up at run time: a replacement reading them names no module class in its code.
-MODULE_CLASSES = {"relu": torch.nn.ReLU, "tanh": torch.nn.Tanh}
-ORIGINAL_CALL = {"call": torch.nn.Module.__call__}
-
-
-def _patched() -> bool:
-    """Is ``nn.Module.__call__`` replaced? (Its code names no module class: the replacements
-    calling it must not look as if they could call a module.)"""
-    return vars(torch.nn)["Module"].__call__ is not ORIGINAL_CALL["call"]
-
-
-def _relu_module_rule(*, catch: bool = False) -> Rule:
-    """neg(neg(x)) => a new ReLU module called on x * 2 (a node made before the module call, and
-    a module no capture and no name in the replacement's code reveals)."""
-
-    def replacement(x):
-        doubled = x * 2.0
-        try:
-            return MODULE_CLASSES["relu"]()(doubled) + torch.tensor(1.0)
-        except Exception:
-            if not catch:
-                raise
-            return doubled
-
-    return Rule.from_functions(lambda x: torch.neg(torch.neg(x)), replacement, name="neg_neg_relu_module")
-
-
-@pytest.mark.parametrize("catch", [False, True])
-def test_a_replacement_calling_a_module_it_does_not_name_records_what_the_patched_call_does(monkeypatch, catch):
-    """The slow twin (``PATCH_ALWAYS``: every replacement called with ``nn.Module.__call__``
-    replaced) and the fast path (replaced only for replacements that may call a module; another
-    is rolled back and called again when it does, even if it catches the stop) splice the same
-    graph, names included."""
-    import fxrewrite.replace as replace
-
-    f = lambda a: torch.neg(torch.neg(torch.relu(torch.neg(torch.neg(a)))))  # noqa: E731
-    codes = {}
-    for always in (True, False):
-        monkeypatch.setattr(replace, "PATCH_ALWAYS", always)
-        result = rewrite(f, _relu_module_rule(catch=catch))
-        codes[always] = result.code
-        assert [n.op for n in result.module.graph.nodes].count("call_module") == 2
-        assert_rewrite_sound(lambda a: torch.relu(2.0 * torch.relu(torch.relu(2.0 * a) + 1.0)) + 1.0, result, X)
-    assert codes[True] == codes[False]
-    assert not torch.nn.modules.module._global_forward_pre_hooks
-
-
-def test_a_replacement_without_module_calls_runs_without_the_patch_and_one_with_them_with_it():
-    """``nn.Module.__call__`` is replaced only around the replacements that call a module: once a
-    replacement was seen calling one, it is called with the patch from then on (once per rewrite)."""
-    patched: dict[str, list[bool]] = {"plain": [], "module": []}
-
-    def plain(x):
-        patched["plain"].append(_patched())
-        return torch.abs(x)
-
-    def module(x):
-        patched["module"].append(_patched())
-        return MODULE_CLASSES["tanh"]()(x)
-
-    rules = [Rule.from_functions(lambda x: torch.neg(torch.neg(x)), plain, name="neg_neg_abs"),
-             Rule.from_functions(lambda x: torch.relu(torch.relu(x)), module, name="relu_relu_tanh")]
-    f = lambda a: torch.relu(torch.relu(torch.neg(torch.neg(torch.relu(torch.relu(torch.neg(torch.neg(a))))))))  # noqa: E731
-    from fxrewrite import RuleSet
-
-    result = rewrite(f, RuleSet(rules))
-    assert patched["plain"].count(True) == 0 and patched["plain"]  # called (not only replayed), never patched
-    assert patched["module"] == [False, True, True]  # seen calling a module, called again, then patched
-    assert not _patched()
-    assert_rewrite_sound(lambda a: torch.tanh(torch.abs(torch.tanh(torch.abs(a)))), result, X)
 
 
 class _Folds(torch.nn.Module):

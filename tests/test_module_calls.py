@@ -1,0 +1,233 @@
+"""Module calls a replacement makes on Proxies are recorded as ``call_module`` nodes
+(``fxrewrite._module_calls``): the modes agree, and ``nn.Module`` is torch's own between
+replacements and in other threads."""
+
+from __future__ import annotations
+
+import copy
+import threading
+
+import pytest
+import torch
+import torch.fx as fx
+from _helpers import X, assert_rewrite_sound
+
+import fxrewrite._module_calls as module_calls
+from fxrewrite import Rule, RuleSet, rewrite
+
+#: torch's own methods, and module classes looked up at run time (a replacement reading them names
+#: no module class in its code).
+ORIGINAL = {"__call__": vars(torch.nn.Module)["__call__"], "_call_impl": vars(torch.nn.Module)["_call_impl"]}
+MODULE_CLASSES = {"relu": torch.nn.ReLU, "tanh": torch.nn.Tanh}
+
+
+def _replaced() -> set[str]:
+    """Which of ``nn.Module.__call__`` and ``nn.Module._call_impl`` are replaced now. (Its code
+    names no module class: the replacements calling it must not look as if they could call a
+    module.)"""
+    module = vars(torch.nn)["Module"]
+    return {slot for slot, original in ORIGINAL.items() if vars(module)[slot] is not original}
+
+
+def _no_hooks_left() -> bool:
+    return not torch.nn.modules.module._global_forward_pre_hooks
+
+
+@pytest.mark.parametrize("dunder", [False, True], ids=["impl", "dunder"])
+def test_nn_module_is_torchs_own_between_replacements_and_replaced_only_inside_one(monkeypatch, dunder):
+    """A guard, run between two replacements of the same rewrite, sees torch's own
+    ``nn.Module``; the replacement sees ``_call_impl`` replaced (``__call__`` in the slow twin)."""
+    monkeypatch.setattr(module_calls, "PATCH_DUNDER_CALL", dunder)
+    seen: dict[str, list[set[str]]] = {"guard": [], "replacement": []}
+    linear = torch.nn.Linear(4, 4)
+
+    def guard(match):
+        seen["guard"].append(_replaced())
+        return True
+
+    def replacement(x):
+        seen["replacement"].append(_replaced())
+        return linear(x)  # recorded as call_module, not traced through
+
+    rule = Rule.from_functions(lambda x: torch.neg(torch.neg(x)), replacement, name="neg_neg_linear", where=guard)
+    f = lambda a: torch.neg(torch.neg(torch.relu(torch.neg(torch.neg(a)))))  # noqa: E731
+    result = rewrite(f, rule)
+    slot = "__call__" if dunder else "_call_impl"
+    assert seen == {"guard": [set(), set()], "replacement": [{slot}, {slot}]}
+    assert _replaced() == set() and _no_hooks_left()
+    assert [n.op for n in result.module.graph.nodes].count("call_module") == 2
+    result.module.graph.lint()
+    torch.testing.assert_close(result.module(X), linear(torch.relu(linear(X))))
+
+
+def _relu_module_rule(*, catch: bool = False) -> Rule:
+    """neg(neg(x)) => a new ReLU module called on x * 2 (a node made before the module call, and
+    a module no capture and no name in the replacement's code reveals)."""
+
+    def replacement(x):
+        doubled = x * 2.0
+        try:
+            return MODULE_CLASSES["relu"]()(doubled) + torch.tensor(1.0)
+        except Exception:
+            if not catch:
+                raise
+            return doubled
+
+    return Rule.from_functions(lambda x: torch.neg(torch.neg(x)), replacement, name="neg_neg_relu_module")
+
+
+@pytest.mark.parametrize("catch", [False, True])
+def test_a_replacement_calling_a_module_it_does_not_name_records_the_same_graph_in_every_mode(monkeypatch, catch):
+    """The slow twins (``PATCH_ALWAYS``: every replacement called with module calls recorded;
+    ``PATCH_DUNDER_CALL``: recorded by replacing ``nn.Module.__call__``) and the fast paths (the
+    replacement first called unpatched, rolled back and called again when it calls a module,
+    even if it catches the stop; ``_call_impl`` replaced) splice the same graph, names included."""
+    f = lambda a: torch.neg(torch.neg(torch.relu(torch.neg(torch.neg(a)))))  # noqa: E731
+    codes = set()
+    for always in (True, False):
+        for dunder in (True, False):
+            monkeypatch.setattr(module_calls, "PATCH_ALWAYS", always)
+            monkeypatch.setattr(module_calls, "PATCH_DUNDER_CALL", dunder)
+            result = rewrite(f, _relu_module_rule(catch=catch))
+            codes.add(result.code)
+            assert [n.op for n in result.module.graph.nodes].count("call_module") == 2
+            assert_rewrite_sound(lambda a: torch.relu(2.0 * torch.relu(torch.relu(2.0 * a) + 1.0)) + 1.0, result, X)
+    assert len(codes) == 1
+    assert _no_hooks_left() and _replaced() == set()
+
+
+def test_a_replacement_without_module_calls_runs_unpatched_and_one_with_them_patched_from_its_first_call():
+    """Nothing is replaced around a replacement that calls no module; once a replacement was
+    seen calling one, it is called with ``_call_impl`` replaced from then on (once per rewrite)."""
+    patched: dict[str, list[set[str]]] = {"plain": [], "module": []}
+
+    def plain(x):
+        patched["plain"].append(_replaced())
+        return torch.abs(x)
+
+    def module(x):
+        patched["module"].append(_replaced())
+        return MODULE_CLASSES["tanh"]()(x)
+
+    rules = [Rule.from_functions(lambda x: torch.neg(torch.neg(x)), plain, name="neg_neg_abs"),
+             Rule.from_functions(lambda x: torch.relu(torch.relu(x)), module, name="relu_relu_tanh")]
+    f = lambda a: torch.relu(torch.relu(torch.neg(torch.neg(torch.relu(torch.relu(torch.neg(torch.neg(a))))))))  # noqa: E731
+    result = rewrite(f, RuleSet(rules))
+    assert patched["plain"] and all(s == set() for s in patched["plain"])  # called (not only replayed), never patched
+    assert patched["module"] == [set(), {"_call_impl"}, {"_call_impl"}]  # seen calling a module, again, then patched
+    assert _replaced() == set()
+    assert_rewrite_sound(lambda a: torch.tanh(torch.abs(torch.tanh(torch.abs(a)))), result, X)
+
+
+@pytest.mark.filterwarnings("ignore:Dynamo does not know how to trace")
+def test_a_compiled_module_bypassing_call_impl_is_called_again_with_dunder_call_replaced():
+    """``nn.Module.__call__`` calls a ``compile()``-d module without ``_call_impl``: the watcher
+    stops that call on Proxies, and the replacement is called again with ``__call__`` replaced,
+    which records it as every other module call (the same code as the slow twin)."""
+    linear = torch.nn.Linear(4, 4)
+    linear.compile(backend="eager")
+    slots: list[set[str]] = []
+
+    def replacement(x):
+        slots.append(_replaced())
+        return linear(x) * 2
+
+    rule = Rule.from_functions(lambda x: torch.neg(torch.neg(x)), replacement, name="neg_neg_compiled")
+    f = lambda a: torch.neg(torch.neg(torch.relu(torch.neg(torch.neg(a)))))  # noqa: E731
+    result = rewrite(f, rule)
+    assert slots == [{"_call_impl"}, {"__call__"}, {"__call__"}]
+    assert [n.op for n in result.module.graph.nodes].count("call_module") == 2
+    assert _no_hooks_left() and _replaced() == set()
+    result.module.graph.lint()
+    torch.testing.assert_close(result.module(X), linear(torch.relu(linear(X) * 2)) * 2)
+
+
+class _Folds(torch.nn.Module):
+    """Three conv -> bn pairs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.convs = torch.nn.ModuleList(torch.nn.Conv2d(3, 3, 1) for _ in range(3))
+        self.bns = torch.nn.ModuleList(torch.nn.BatchNorm2d(3).eval() for _ in range(3))
+        with torch.no_grad():
+            for bn in self.bns:
+                bn.running_mean.uniform_(-0.5, 0.5)
+                bn.running_var.uniform_(0.5, 1.5)
+
+    def forward(self, x):
+        for conv, bn in zip(self.convs, self.bns):
+            x = torch.relu(bn(conv(x)))
+        return x
+
+
+def test_the_shipped_conv_bn_fold_splices_the_same_graph_with_either_slot_replaced(monkeypatch):
+    from _helpers import standard_rules
+
+    torch.manual_seed(0)
+    model, x = _Folds().eval(), torch.randn(2, 3, 4, 4)
+    results = {}
+    for dunder in (True, False):
+        monkeypatch.setattr(module_calls, "PATCH_DUNDER_CALL", dunder)
+        results[dunder] = rewrite(copy.deepcopy(model), standard_rules()["conv_bn_fold"])
+        assert results[dunder].report.applied["conv_bn_fold"] == 3
+        assert_rewrite_sound(model, results[dunder], x, rtol=1e-5, atol=1e-5)
+    assert results[True].code == results[False].code
+    torch.testing.assert_close(results[True].module(x), results[False].module(x), rtol=0, atol=0)
+
+
+def test_forwards_in_other_threads_run_torchs_own_call_while_replacements_record_module_calls():
+    """While one thread's replacements record module calls (``_call_impl`` replaced, the watcher's
+    hook registered), other threads' modules compute as always and their calls are not recorded."""
+    errors: list[BaseException] = []
+    stop = threading.Event()
+    bystander = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    x = torch.randn(2, 4)
+    expected = bystander(x)
+
+    def forwarding():
+        try:
+            while not stop.is_set():
+                torch.testing.assert_close(bystander(x), expected)
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    linear = torch.nn.Linear(4, 4)
+    rule = Rule.from_functions(lambda x: torch.neg(torch.neg(x)), lambda x: linear(x), name="neg_neg_linear")
+    f = lambda a: sum(torch.neg(torch.neg(a * k)) for k in range(20))  # noqa: E731
+    traced = fx.symbolic_trace(f)  # before the thread starts: torch.fx's own tracing patches every thread
+    watcher = threading.Thread(target=forwarding)
+    watcher.start()
+    try:
+        for _ in range(3):
+            result = rewrite(traced, rule)
+            assert [n.op for n in result.module.graph.nodes].count("call_module") == 20
+    finally:
+        stop.set()
+        watcher.join()
+    assert not errors, errors[:2]
+    assert _replaced() == set() and _no_hooks_left()
+
+
+@pytest.mark.slow
+def test_every_mode_splices_what_the_slow_twins_splice_on_the_whole_library(monkeypatch):
+    """The shipped library's cases, each program three times over, rewritten with the fast
+    paths and with both slow twins (``PATCH_ALWAYS``, ``PATCH_DUNDER_CALL``): the same code,
+    names, metadata and numbers."""
+    from test_replace import _spliced, _thrice
+    from test_stdlib import CASES, LIBRARY
+
+    for name, case in sorted(CASES.items()):
+        rule, inputs = LIBRARY[name], case.inputs()
+        results = {}
+        torch.manual_seed(0)
+        original = _thrice(case)
+        for slow in (False, True):
+            monkeypatch.setattr(module_calls, "PATCH_ALWAYS", slow)
+            monkeypatch.setattr(module_calls, "PATCH_DUNDER_CALL", slow)
+            program = copy.deepcopy(original)
+            traced = torch.fx.symbolic_trace(program) if not case.shapes else program
+            results[slow] = rewrite(traced, rule, example_inputs=inputs)
+        assert results[True].report.applied == results[False].report.applied, name
+        assert _spliced(results[True]) == _spliced(results[False]), name
+        results[False].module.graph.lint()
+        torch.testing.assert_close(results[False].module(*inputs), results[True].module(*inputs), equal_nan=True)
