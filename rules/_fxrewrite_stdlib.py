@@ -20,14 +20,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx as fx
 
-from fxrewrite import Match, MetadataError, TensorView
+from fxrewrite import MetadataError
 
-Guard = Callable[[Match], bool]
+if TYPE_CHECKING:  # the guards only name them: fxrewrite.match is imported by a rewrite, not by loading rules
+    from fxrewrite import Match, TensorView
+
+Guard = Callable[["Match"], bool]
 
 #: Floating-point dtypes the property checker draws for rules restricted to them.
 FLOATS: tuple[torch.dtype, ...] = (torch.float32, torch.float64)
