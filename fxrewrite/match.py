@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -42,9 +43,12 @@ from .canon import (
     is_commutative_call,
     known_floating,
     lined_up_arguments,
+    lined_up_as,
+    named_arguments,
     node_key,
     node_keys,
     op_key_of,
+    plain_meaning,
     result_kind,
     same_literal,
     through_identities,
@@ -83,6 +87,9 @@ class MatchOptions:
     def torch_fx(cls, *, ignore_literals: bool = False) -> MatchOptions:
         return cls(commutative=False, canonical=False, variables_bind_literals=True, injective=True,
                    ignore_literals=ignore_literals)
+
+
+_DEFAULTS = MatchOptions()  # the driver's: the compiled walk's only options
 
 
 @attrs.frozen
@@ -637,8 +644,160 @@ class _StraightWalk(_Steps):
         return self.literal_agrees(pv, gv, name)
 
 
+#: Match choice-free patterns by their :class:`_Program` (facts about each pattern node worked out
+#: once per pattern) with :class:`_CompiledWalk`; ``False`` is the slow twin, :class:`_StraightWalk`
+#: on every try. ``tests/test_match_compiled.py`` checks that both find exactly the same matches
+#: with the shipped library on fuzzed graphs and the end-to-end models.
+COMPILED = True
+
+
+class _NodeFacts:
+    """What the compiled walk needs to know of one pattern operation, worked out once."""
+
+    __slots__ = ("arity", "commutative", "inline", "key", "looks_through", "meaning", "named", "names", "simple")
+
+    def __init__(self, pattern: Pattern, pn: Node) -> None:
+        #: The op key a graph node must be filed under (:meth:`_Steps.same_op`).
+        self.key = node_key(pn)
+        #: Whether an identity in the graph is looked through here (:meth:`_Steps.looked_through`).
+        self.looks_through = pn.op != "get_attr" and pn not in pattern.outputs
+        self.commutative = pn in pattern.commutative
+        #: How the arguments compare when the graph node is no other op respelled.
+        self.meaning = plain_meaning(pn) if pn.op in ("call_function", "call_method") else None
+        #: Its arguments by name, for comparing by meaning (the pattern's graph never changes).
+        self.named = named_arguments(pn) if self.meaning is not None else None
+        #: Nothing but a call of a function or method (a get_attr or module call takes the straight walk's path).
+        self.simple = pn.op in ("call_function", "call_method")
+        #: A call that lines up as written with a call of the same target and as many positional
+        #: arguments and no keywords (what :func:`~fxrewrite.canon.lined_up_as` does for them).
+        self.inline = self.simple and self.meaning is None and pn.target is not operator.truediv and not pn.kwargs
+        self.arity = len(pn.args)
+        self.names = tuple(f"#{i}" for i in range(self.arity))
+
+
+class _Program:
+    """A choice-free pattern compiled for :class:`_CompiledWalk` and its soundness check: per
+    pattern node, its parameter or its :class:`_NodeFacts`; the nodes a match computes; the
+    parameters with their placeholders."""
+
+    __slots__ = ("__weakref__", "computed", "facts", "output", "params", "placeholders")
+
+    def __init__(self, pattern: Pattern) -> None:
+        self.params: dict[Node, Param] = dict(pattern.param_of)
+        self.facts = {pn: _NodeFacts(pattern, pn) for pn in pattern.inner_nodes}
+        #: The pattern nodes whose graph values the match computes (see :func:`_sound_match`).
+        self.computed = tuple(pn for pn in pattern.inner_nodes
+                              if pn not in pattern.value_nodes or pn in pattern.outputs)
+        self.placeholders = tuple((param, pattern.placeholders[param.name]) for param in pattern.params)
+        #: The one output (only choice-free patterns, which have one, are compiled).
+        self.output: Node = pattern.outputs[0]
+
+
+_programs: weakref.WeakKeyDictionary[Pattern, _Program] = weakref.WeakKeyDictionary()
+
+
+def _program(pattern: Pattern) -> _Program:
+    """The compiled form of ``pattern`` (built at its first try, then kept as long as the pattern lives)."""
+    program = _programs.get(pattern)
+    if program is None:
+        program = _programs[pattern] = _Program(pattern)
+    return program
+
+
+class _CompiledWalk(_StraightWalk):
+    """:class:`_StraightWalk` with the pattern's side of each step read from its :class:`_Program`
+    instead of being worked out again at every try: the same steps in the same order, the same
+    bindings, the same answer (the slow twin is :class:`_StraightWalk`, see :data:`COMPILED`).
+    Only for the default :class:`MatchOptions` and when no reasons are recorded."""
+
+    def __init__(self, pattern: Pattern, modules: Mapping[str, torch.nn.Module], program: _Program,
+                 candidates: Callable[[Any], Iterable[Node]] | None) -> None:
+        super().__init__(pattern, modules, _DEFAULTS, candidates, record=False)
+        self.program = program
+
+    def straight_node(self, pn: Node, gv: Any) -> bool:
+        if pn in self.p2g:
+            return super().straight_node(pn, gv)
+        param = self.program.params.get(pn)
+        if param is not None:
+            value = self.variable_value(pn, param, gv)
+            if value is _MISSING:
+                return False
+            self.p2g[pn] = value
+            return True
+        facts = self.program.facts[pn]
+        if not facts.simple:
+            return super().straight_node(pn, gv)
+        if type(gv) is not Node and not isinstance(gv, Node):
+            return False
+        keys = node_keys(gv)
+        if facts.looks_through:
+            behind = identity_source(gv)
+            if behind is not None:
+                if facts.key in keys:
+                    raise _Undecided  # the op itself, or the op behind it: let the search try both
+                self.skipped.append((gv, pn))
+                return self.straight_node(pn, behind)
+        if facts.key not in keys:
+            return False
+        if len(keys) != 1:  # another op respelled: line up by meaning
+            values = lined_up_arguments(pn, gv)
+        elif facts.inline and not gv.kwargs and len(gv.args) == facts.arity and gv.target == pn.target:
+            values = facts.names, pn.args, gv.args
+        else:
+            values = lined_up_as(pn, gv, facts.meaning, pattern_named=facts.named)
+        if values is None:
+            return False
+        self.p2g[pn] = gv
+        names, p_values, g_values = values
+        if facts.commutative and is_commutative_call(gv.op, gv.target, gv.args, gv.kwargs):
+            g_values = self.decided_order(p_values, g_values)
+        for name, p, g in zip(names, p_values, g_values):
+            if type(p) is Node:
+                if not self.straight_node(p, g):
+                    return False
+            elif not self.straight_value(p, g, name):
+                return False
+        return True
+
+
+def _compiled_sound_match(program: _Program, pattern: Pattern, p2g: Mapping[Node, Any], anchor: Node,
+                          modules: Mapping[str, torch.nn.Module], skipped: Iterable[tuple[Node, Node]]) -> Match | None:
+    """:func:`_sound_match` (its slow twin) for a one-output pattern matched without assumed
+    identities, from the pattern's :class:`_Program`; ``None`` where that gives no match."""
+    output = p2g[program.output]
+    inner: dict[Node, Node] = {}
+    for pn in program.computed:
+        gv = p2g.get(pn)
+        if isinstance(gv, Node):
+            inner[gv] = pn
+    for gv, pn in skipped:
+        inner.setdefault(gv, pn)
+    checks: dict[Node, None] = {}
+    for gn in inner:
+        if gn is output:
+            continue
+        for user in gn.users:
+            if user in inner or user in checks:
+                continue
+            if _absorbable(user, inner):
+                checks[user] = None
+                continue
+            return None
+    bindings: dict[str, Any] = {}
+    for param, placeholder in program.placeholders:
+        value = p2g.get(placeholder, _MISSING)
+        if param.kind == "module":
+            return _sound_match(pattern, p2g, anchor, modules, skipped)[0]
+        if isinstance(value, Node) and value in inner:
+            return None
+        bindings[param.name] = value
+    nodes = tuple(sorted([*inner, *checks], key=_torch.node_position))
+    return Match(pattern, bindings, nodes, (output,), anchor, {}, dict(p2g))
+
+
 def match_at(pattern: Pattern, anchor: Node, owner: torch.nn.Module | None, *,
-             options: MatchOptions = MatchOptions(),
+             options: MatchOptions = _DEFAULTS,
              candidates: Callable[[Any], Iterable[Node]] | None = None,
              on_reject: Callable[[Rejection], None] | None = None,
              modules: Mapping[str, torch.nn.Module] | None = None) -> Iterator[Match]:
@@ -652,14 +811,21 @@ def match_at(pattern: Pattern, anchor: Node, owner: torch.nn.Module | None, *,
     if modules is None:
         modules = dict(owner.named_modules()) if owner is not None and pattern.module_captures else {}
     if pattern.choice_free and on_reject is None:
-        walk = _StraightWalk(pattern, modules, options, candidates, record=False)
+        if COMPILED and (options is _DEFAULTS or options == _DEFAULTS):
+            program = _program(pattern)
+            walk: _StraightWalk = _CompiledWalk(pattern, modules, program, candidates)
+        else:
+            walk = _StraightWalk(pattern, modules, options, candidates, record=False)
         try:  # one way to match at most: no search needed
             walked = walk.straight_node(pattern.anchor, anchor)
         except _Undecided:
             pass  # the search tries the alternatives
         else:
             if walked:
-                match, _ = _sound_match(pattern, walk.p2g, anchor, modules, walk.skipped)
+                if isinstance(walk, _CompiledWalk):
+                    match = _compiled_sound_match(walk.program, pattern, walk.p2g, anchor, modules, walk.skipped)
+                else:
+                    match, _ = _sound_match(pattern, walk.p2g, anchor, modules, walk.skipped)
                 if match is not None:
                     yield match
             return

@@ -62,7 +62,7 @@ from .identities import (
     same_shape,
     through_identities,
 )
-from .lining import lined_up_arguments
+from .lining import lined_up_arguments, lined_up_as, named_arguments, plain_meaning
 from .meaning import (
     DIM_ARGUMENTS,
     DTYPE_ARGUMENTS,
@@ -93,7 +93,14 @@ from .ops import (
     op_key_of,
     same_literal,
 )
-from .schema import ResultKind, aten_overload, aten_spelling, canonical_arguments, is_commutative_call, result_kind
+from .schema import (
+    ResultKind,
+    aten_overload,
+    aten_spelling,
+    canonical_arguments,
+    is_commutative_call,
+    result_kind,
+)
 
 __all__ = [
     "AUTOGRAD_ONLY_WRITES",
@@ -131,13 +138,16 @@ __all__ = [
     "is_written",
     "known_floating",
     "lined_up_arguments",
+    "lined_up_as",
     "may_be_identity",
     "meaning_input",
     "mutation",
+    "named_arguments",
     "node_key",
     "node_keys",
     "op_key_of",
     "pattern_identity",
+    "plain_meaning",
     "respelled",
     "result_kind",
     "same_literal",

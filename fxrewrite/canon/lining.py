@@ -26,6 +26,9 @@ from .schema import canonical_arguments, result_kind
 
 __all__ = [
     "lined_up_arguments",
+    "lined_up_as",
+    "named_arguments",
+    "plain_meaning",
 ]
 
 
@@ -41,10 +44,20 @@ def lined_up_arguments(pn: Node, gn: Node, canonical: bool = True
     :func:`canonical_arguments`); without it (torch.fx's rule) only calls of an ATen
     ``OpOverload`` are, so ``aten.sum.dim_IntList(x, [1])`` and ``(x, [1], False)`` compare equal.
     """
+    calls = pn.op in ("call_function", "call_method")
+    return lined_up_as(pn, gn, _meaning_name(pn, gn) if canonical and calls else None, canonical)
+
+
+def lined_up_as(pn: Node, gn: Node, meaning: str | None, canonical: bool = True, *,
+                pattern_named: dict[str, Any] | None = None
+                ) -> tuple[tuple[str, ...], tuple[Any, ...], tuple[Any, ...]] | None:
+    """:func:`lined_up_arguments` with the op the calls compare as by meaning already decided
+    (``meaning``: what ``_meaning_name(pn, gn)`` gives, or :func:`plain_meaning` of ``pn`` when
+    ``gn`` is no other op respelled), and ``pn``'s arguments by name (:func:`named_arguments`)
+    given when known: the matcher's compiled walk works both out once per pattern node."""
     if canonical and pn.op in ("call_function", "call_method"):
-        meaning = _meaning_name(pn, gn)
         if meaning is not None:
-            return _lined_up_by_meaning(meaning, pn, gn)
+            return _lined_up_by_meaning(meaning, pn, gn, pattern_named)
         if pn.target is operator.truediv and gn.target is operator.truediv and not gn.kwargs and not pn.kwargs:
             return _python_division(pn, gn)
     p_args, p_kwargs, g_args, g_kwargs = pn.args, pn.kwargs, gn.args, gn.kwargs
@@ -89,21 +102,38 @@ def _meaning_name(pn: Node, gn: Node) -> str | None:
     they compare as written or by schema only: the pattern's op when it has dims or a ``dtype=``
     to read by meaning, or when either call is another op respelled."""
     p_key = node_key(pn)
-    if p_key == _GETITEM_KEY:
-        respelled_either = p_key != op_key_of(pn.op, pn.target) or node_key(gn) != op_key_of(gn.op, gn.target)
-        return "getitem" if respelled_either and node_key(gn) == p_key else None
-    if p_key[0] != "aten":  # type: ignore[index]
+    if p_key != _GETITEM_KEY and p_key[0] != "aten":  # type: ignore[index]
         return None
+    g_key = node_key(gn)
+    g_respelled = g_key != op_key_of(gn.op, gn.target)
+    if p_key == _GETITEM_KEY:
+        respelled_either = p_key != op_key_of(pn.op, pn.target) or g_respelled
+        return "getitem" if respelled_either and g_key == p_key else None
     name = p_key[1]  # type: ignore[index]
-    if name in _BY_MEANING or node_key(gn) != op_key_of(gn.op, gn.target) or p_key != op_key_of(pn.op, pn.target):
-        return name if node_key(gn) == p_key else None
+    if name in _BY_MEANING or g_respelled or p_key != op_key_of(pn.op, pn.target):
+        return name if g_key == p_key else None
     return None
 
 
-def _lined_up_by_meaning(name: str, pn: Node, gn: Node
+def plain_meaning(pn: Node) -> str | None:
+    """What :func:`_meaning_name` gives for ``pn`` and any graph node ``gn`` that computes
+    ``node_key(pn)`` and is no other op respelled (``node_key(gn) == op_key_of(gn.op, gn.target)``):
+    it then depends on the pattern node alone."""
+    p_key = node_key(pn)
+    p_respelled = p_key != op_key_of(pn.op, pn.target)
+    if p_key == _GETITEM_KEY:
+        return "getitem" if p_respelled else None
+    if p_key[0] != "aten":  # type: ignore[index]
+        return None
+    name = p_key[1]  # type: ignore[index]
+    return name if name in _BY_MEANING or p_respelled else None
+
+
+def _lined_up_by_meaning(name: str, pn: Node, gn: Node, p_named: dict[str, Any] | None = None
                          ) -> tuple[tuple[str, ...], tuple[Any, ...], tuple[Any, ...]] | None:
-    p_named = _named_arguments(pn)
-    g_named = _named_arguments(gn)
+    if p_named is None:
+        p_named = named_arguments(pn)
+    g_named = named_arguments(gn)
     if p_named is None or g_named is None or p_named.keys() != g_named.keys():
         return None
     names = tuple(p_named)
@@ -112,7 +142,9 @@ def _lined_up_by_meaning(name: str, pn: Node, gn: Node
     return names, p_values, g_meant
 
 
-def _named_arguments(node: Node) -> dict[str, Any] | None:
+def named_arguments(node: Node) -> dict[str, Any] | None:
+    """The arguments of a call by name, as calls compared by meaning line them up: those of the op
+    it is a respelling of, else by ATen schema (``#0``, ``#1`` for a plain ``getitem``)."""
     key = op_key_of(node.op, node.target)
     found = respelled(node) if key in _RESPELLABLE_KEYS or _in_place_key(key) else None
     if found is not None:

@@ -112,17 +112,49 @@ def _ordered_overloads(packet: torch._ops.OpOverloadPacket) -> list[torch._ops.O
     return [getattr(packet, n) for n in names]
 
 
+#: Per packet, its overloads in the order :func:`_resolve` tries them (the schemas never change).
+_resolvable: dict[torch._ops.OpOverloadPacket, list[torch._ops.OpOverload]] = {}
+
+
 def _resolve(packet: torch._ops.OpOverloadPacket, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
     """The first overload that accepts the call. Python numbers first try overloads that take
     them as Scalars (``pow.Tensor_Scalar``), as PyTorch's own argument parser does; only then
     overloads that take a number as a Tensor (``mul.Tensor(x, 0.5)``, as torch.export writes)."""
-    overloads = [o for o in _ordered_overloads(packet) if not o._schema.is_mutable]
+    overloads = _resolvable.get(packet)
+    if overloads is None:
+        overloads = _resolvable[packet] = [o for o in _ordered_overloads(packet) if not o._schema.is_mutable]
     for strict in (True, False):
         for overload in overloads:
             bound = _bind(overload._schema, args, kwargs, strict)
             if bound is not None:
                 return overload, bound
     return None
+
+
+class _Plan:
+    """One ATen schema as :func:`_bind` reads it: per argument its name, whether it is keyword-only,
+    its default (if any) and its type's name, worked out once (``str(argument.type)`` and the
+    schema's accessors cost more than the binding itself)."""
+
+    __slots__ = ("arguments", "names", "positional", "schema")
+
+    def __init__(self, schema: Any) -> None:
+        self.schema = schema  # held, so that the id the plan is filed under stays this schema's
+        self.arguments = tuple((a.name, a.kwarg_only, a.has_default_value(),
+                                a.default_value if a.has_default_value() else None, str(a.type))
+                               for a in schema.arguments)
+        self.positional = sum(not a.kwarg_only for a in schema.arguments)
+        self.names = frozenset(a.name for a in schema.arguments)
+
+
+_plans: dict[int, _Plan] = {}
+
+
+def _plan(schema: Any) -> _Plan:
+    plan = _plans.get(id(schema))
+    if plan is None or plan.schema is not schema:
+        plan = _plans[id(schema)] = _Plan(schema)
+    return plan
 
 
 def _bind(schema: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], strict: bool = False) -> dict[str, Any] | None:
@@ -137,6 +169,40 @@ def _bind(schema: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], strict:
     signature only, needs ``arg_types`` (runtime types, which a pattern does not have) to pick
     among overloads, and returns ``None`` on ambiguity instead of trying them in order.
     """
+    if not PLANNED_BINDING:
+        return _bind_unplanned(schema, args, kwargs, strict)
+    plan = _plan(schema)
+    given = len(args)
+    if given > plan.positional:
+        return None
+    if kwargs and any(k not in plan.names for k in kwargs):
+        return None
+    bound: dict[str, Any] = {}
+    for i, (name, kwarg_only, has_default, default, type_name) in enumerate(plan.arguments):
+        if name in kwargs:
+            value = kwargs[name]
+            if not kwarg_only and i < given:
+                return None  # given twice
+        elif not kwarg_only and i < given:
+            value = args[i]
+        elif has_default:
+            value = list(default) if isinstance(default, list) else default  # a fresh list, as the schema gives
+        else:
+            return None
+        if not _accepts(type_name, value) or (strict and _number_as_tensor(type_name, value)):
+            return None
+        bound[name] = _normalise(type_name, value)
+    return bound
+
+
+#: Bind by the schema's :class:`_Plan`; ``False`` is the slow twin, :func:`_bind_unplanned`
+#: (``tests/canon/test_schema.py`` checks both bind alike).
+PLANNED_BINDING = True
+
+
+def _bind_unplanned(schema: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any],
+                    strict: bool = False) -> dict[str, Any] | None:
+    """:func:`_bind`, reading the schema's arguments anew at every call (the slow twin)."""
     positional = [a for a in schema.arguments if not a.kwarg_only]
     if len(args) > len(positional):
         return None
