@@ -95,6 +95,41 @@ def test_untraceable_or_impure_pattern_is_a_definition_error_naming_rule_and_ori
         assert fragment in message
 
 
+_BAD_PATTERNS = [
+    lambda x: torch.relu(x) if x.sum() > 0 else x,
+    lambda x: sum(t for t in x),
+    lambda x: x.view(len(x), -1),
+    lambda x: x * int(x),
+    lambda x: [x[i] for i in range(x.size(0))][0],  # noqa: RUF015
+    lambda x: x + torch.ones(3),
+    lambda x: torch.relu(x).add_(1),
+    lambda x, y: torch.relu(x),
+    lambda x: x,
+    lambda x: 2.0,
+]
+
+
+def test_a_bad_pattern_fails_with_the_same_error_traced_quickly_or_the_plain_way(monkeypatch):
+    """The quick tracer's fast paths (placeholders, argument conversion) against fx's own tracer
+    (plain=True, their slow twin): a pattern that cannot be a rule gets the very same error."""
+    from fxrewrite.pattern import _PatternTracer
+
+    def message(pattern):
+        with pytest.raises(RuleDefinitionError) as info:
+            Rule.from_functions(pattern, lambda x: x, name="bad")
+        return f"{type(info.value.__cause__).__name__}: {info.value}"
+
+    calls = []
+    quickly = _PatternTracer.trace_quickly
+    monkeypatch.setattr(_PatternTracer, "trace_quickly", lambda self, fn: calls.append(fn) or quickly(self, fn))
+    quick = [message(p) for p in _BAD_PATTERNS]
+    assert len(calls) == len(_BAD_PATTERNS)
+    init = _PatternTracer.__init__
+    monkeypatch.setattr(_PatternTracer, "__init__", lambda self, params, plain=False: init(self, params, plain=True))
+    assert [message(p) for p in _BAD_PATTERNS] == quick
+    assert len(calls) == len(_BAD_PATTERNS)  # the plain way took no quick path
+
+
 # ---- optional literal captures ----------------------------------------------------------------
 
 
