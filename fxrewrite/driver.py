@@ -107,7 +107,7 @@ class Worklist:
 
     def __init__(self, anchors: Mapping[int, Collection[Hashable]]) -> None:
         #: Per priority level, the op keys its rules anchor at.
-        self.anchors = anchors
+        self.anchors = {p: frozenset(keys) for p, keys in anchors.items()}
         #: The priority levels, highest first.
         self.levels = sorted(anchors, reverse=True)
         self._queues: dict[int, list[tuple[Any, int, Node]]] = {p: [] for p in self.levels}
@@ -127,11 +127,13 @@ class Worklist:
         already waiting there."""
         keys = None  # computed only for a node not already waiting at some level
         for p in self.levels:
-            if node in self._queued[p]:
+            queued = self._queued[p]
+            if node in queued:
                 continue
-            keys = node_keys(node) if keys is None else keys
-            if any(key in self.anchors[p] for key in keys):
-                self._queued[p].add(node)
+            if keys is None:
+                keys = node_keys(node)
+            if not self.anchors[p].isdisjoint(keys):
+                queued.add(node)
                 heapq.heappush(self._queues[p], (node_position(node), next(self._seq), node))
 
     def pop(self) -> tuple[Node, int] | None:
@@ -368,12 +370,13 @@ class Driver:
         """Queue the created nodes, and what lies downstream of them and of the inputs that lost a
         user, up to the deepest pattern's reach (such an input may now be an inner node of a
         match, but only if it has no more users than the largest pattern has nodes)."""
-        lost_a_user = [n for n in change.inputs if not is_erased(n) and len(n.users) <= self.largest]
-        frontier = [n for n in (*change.created, *lost_a_user) if not is_erased(n)]
-        seen = set(frontier)
-        for n in change.created:
-            if not is_erased(n):
-                self.worklist.push(n)
+        push = self.worklist.push
+        frontier = [n for n in change.created if not is_erased(n)]
+        for n in frontier:
+            push(n)
+        largest = self.largest
+        frontier.extend(n for n in change.inputs if not is_erased(n) and len(n.users) <= largest)
+        seen = set(frontier)  # the order of pushes does not matter: the worklist keeps graph order
         for _ in range(self.reach):
             next_frontier = []
             for n in frontier:
@@ -381,7 +384,9 @@ class Driver:
                     if user not in seen:
                         seen.add(user)
                         next_frontier.append(user)
-                        self.worklist.push(user)
+                        push(user)
+            if not next_frontier:
+                break
             frontier = next_frontier
 
     @property
