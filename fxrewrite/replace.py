@@ -27,8 +27,8 @@ import attrs
 import torch
 import torch.fx as fx
 from torch.fx.node import Node
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from ._captured import CapturedModules, ModuleWrite
 from ._module_calls import first_mode, next_mode, recording
 from ._torch import add_node, fresh_node_name, is_erased, node_name_base, tree_leaves
 from .canon import (
@@ -144,25 +144,26 @@ class _ReplacementTracer(fx.Tracer):
         self.read_metadata = False
         self.called_module = False
         self._next_suffix: dict[str, int] = {}
-        self._stack_traces: dict[str, str] = {}  # per rule name
+        #: Per rule name: what every node its replacement creates carries, where the replaced code
+        #: sat aside (see :meth:`begin`); read only, copied into each node's ``meta``.
+        self._rule_meta: dict[str, dict[str, Any]] = {}
 
     def begin(self, rule: Rule, aten: bool, annotate: bool = False, anchor: Node | None = None) -> None:
         self.rule = rule
-        # where the replaced code sat in the module tree: torch.export.unflatten, quantizers and
-        # ExecuTorch partitioners read it from every node
-        meta = anchor.meta if anchor is not None else {}
-        scope = {k: meta[k] for k in _SCOPE_META if k in meta} if meta else {}
         self.aten = aten
         self.annotate = annotate
         self.created = []
         self.new_attributes = []
         self.read_metadata = self.called_module = False
-        trace = self._stack_traces.get(rule.name)
-        if trace is None:
-            trace = self._stack_traces[rule.name] = _stack_trace(rule)
-        #: What every node the replacement creates carries: where the replaced code sat, where the
-        #: rule is written (``stack_trace``) and which rule made it.
-        self._node_meta = {**scope, **rule_metadata(rule.name, trace)}
+        #: What every node the replacement creates carries: where the replaced code sat (read by
+        #: torch.export.unflatten, quantizers and ExecuTorch partitioners from every node), where
+        #: the rule is written (``stack_trace``) and which rule made it.
+        base = self._rule_meta.get(rule.name)
+        if base is None:
+            base = self._rule_meta[rule.name] = rule_metadata(rule.name, _stack_trace(rule))
+        meta = anchor.meta if anchor is not None else None
+        scope = {k: meta[k] for k in _SCOPE_META if k in meta} if meta else None
+        self._node_meta = {**scope, **base} if scope else base
 
     def create_node(self, kind, target, args, kwargs, name=None, type_expr=None):  # type: ignore[no-untyped-def]
         if self.aten and kind in ("call_function", "call_method"):
@@ -313,6 +314,9 @@ class _Template:
     outputs: tuple[Any, ...]
     #: The name each node's fresh name is made from (``mul`` for ``mul_17``), as ``create_node`` makes it.
     name_bases: tuple[str, ...] = attrs.field(eq=False)
+    #: Per node: no argument is a container (tuple, list, dict, slice), so a replay fills them in
+    #: one pass instead of torch.fx's ``map_aggregate`` (:data:`FLAT_REPLAY`).
+    flat: tuple[bool, ...] = attrs.field(eq=False, default=())
 
     @classmethod
     def record(cls, match: Match, created: list[Node], outputs: list[Node]) -> _Template | None:
@@ -328,7 +332,8 @@ class _Template:
                        fx.node.map_aggregate(n.kwargs, symbolic)) for n in created)
         graph = match.anchor.graph
         template = cls(nodes, tuple(symbolic(o) for o in outputs),
-                       tuple(node_name_base(graph, n.target) for n in created))
+                       tuple(node_name_base(graph, n.target) for n in created),
+                       tuple(_flat(args) and _flat(kwargs.values()) for _, _, args, kwargs in nodes))
         leaves = tree_leaves((template.nodes, template.outputs))
         return None if any(leaf is _UNKNOWN for leaf in leaves) else template
 
@@ -342,30 +347,52 @@ class _Template:
             return made[value.index] if isinstance(value, _Made) else value
 
         as_fx = fx.traceback.has_preserved_node_meta()  # fx copies the ambient node meta: build nodes as fx does
-        for (op, target, args, kwargs), base in zip(self.nodes, self.name_bases):
-            made.append(tracer.replay_node(op, target, fx.node.map_aggregate(args, concrete),
-                                           fx.node.map_aggregate(kwargs, concrete), base, as_fx=as_fx))
+        flat = self.flat if FLAT_REPLAY else (False,) * len(self.nodes)
+        for (op, target, args, kwargs), base, one_pass in zip(self.nodes, self.name_bases, flat):
+            if one_pass:  # the node's constructor makes its containers immutable, as map_aggregate does
+                args = tuple([concrete(a) for a in args])
+                kwargs = {k: concrete(v) for k, v in kwargs.items()}
+            else:
+                args, kwargs = fx.node.map_aggregate(args, concrete), fx.node.map_aggregate(kwargs, concrete)
+            made.append(tracer.replay_node(op, target, args, kwargs, base, as_fx=as_fx))
         return [concrete(o) for o in self.outputs]
+
+
+#: Fill a replayed node's arguments in one pass when none is a container (the slow twin, False:
+#: always torch.fx's ``map_aggregate``).
+FLAT_REPLAY = True
+
+
+def _flat(values: Any) -> bool:
+    return not any(isinstance(v, (tuple, list, dict, slice)) for v in values)
 
 
 _UNKNOWN = object()  # a node the replacement read that is neither bound nor its own: never replayed
 
 
-@attrs.frozen(eq=False)
 class Change:
     """What one splice did to the graph: the event :class:`Splicer` sends its listeners once the
     graph is consistent again (uses rewired, matched nodes erased). The driver refills its
-    worklist from it (see :mod:`fxrewrite.driver`)."""
+    worklist from it (see :mod:`fxrewrite.driver`). Read only (a plain class with slots: one
+    is made per rewrite)."""
 
-    #: The nodes the replacement created, in the order it created them.
-    created: tuple[Node, ...]
-    #: The matched nodes, erased now.
-    erased: tuple[Node, ...]
-    #: Per pattern output, in the pattern's order: the matched node, and the node that stands for
-    #: it now (one of ``created``, or a value the match read when the replacement returns it).
-    replaced: tuple[tuple[Node, Node], ...]
-    #: The graph values the match read (its bound nodes): each lost the matched nodes as users.
-    inputs: tuple[Node, ...]
+    __slots__ = ("created", "erased", "inputs", "replaced")
+
+    def __init__(self, created: tuple[Node, ...], erased: tuple[Node, ...],
+                 replaced: tuple[tuple[Node, Node], ...], inputs: tuple[Node, ...]) -> None:
+        #: The nodes the replacement created, in the order it created them.
+        self.created = created
+        #: The matched nodes, erased now.
+        self.erased = erased
+        #: Per pattern output, in the pattern's order: the matched node, and the node that stands
+        #: for it now (one of ``created``, or a value the match read when the replacement returns it).
+        self.replaced = replaced
+        #: The graph values the match read (its bound nodes): each lost the matched nodes as users.
+        self.inputs = inputs
+
+    def __repr__(self) -> str:
+        return (f"Change(created={list(self.created)}, erased={list(self.erased)}, replaced={list(self.replaced)}, "
+                f"inputs={list(self.inputs)})")
 
 
 class Splicer:
@@ -388,6 +415,8 @@ class Splicer:
         self.sites = _ModuleCallSites(gm.graph)
         #: Per replacement (rule name, function id): the mode of :mod:`fxrewrite._module_calls` it is called in.
         self._modes: dict[tuple[str, int], str] = {}
+        #: Per rule (by id, the rule kept alive): the names of its literal captures (see :func:`_literal_captures`).
+        self._captures: dict[int, tuple[Rule, tuple[str, ...] | None]] = {}
 
     def __enter__(self) -> Splicer:
         return self
@@ -408,14 +437,15 @@ class Splicer:
         if point is None:
             raise RewriteError(_where(rule, match) + ": no place in the graph where the replacement's inputs "
                                "are all computed and its results not yet used; this match cannot be rewritten.")
-        guard = _CapturedModules.of(match, self.tracer)
+        literal_names = self._literal_captures(rule)
+        guard = _guard_for(match, self.tracer) if literal_names is None else None  # only module captures bind modules
         tracer = self.tracer
         # replacements see shapes and dtypes when the graph has them; a rule rewriting a Python value
         # (x.shape[d] => x.size(d)) is recorded as written, never folded to a constant
         annotated = has_values(match.bindings.values()) and all(result_kind(o) != "value" for o in match.outputs)
         tracer.begin(rule, aten=is_aten_graph(match.nodes),
                      annotate=annotated, anchor=match.anchor)
-        key = _template_key(rule, match, tracer) if REPLAY else None
+        key = _template_key(rule, match, tracer, literal_names) if REPLAY else None
         known = self._templates.get(key) if key is not None else None
         try:
             with self.gm.graph.inserting_before(point):
@@ -432,7 +462,7 @@ class Splicer:
             tracer.rollback()
             if guard is not None:
                 guard.undo()
-            if isinstance(exc, _ModuleWrite):
+            if isinstance(exc, ModuleWrite):
                 raise ModuleWriteError(_module_write_message(rule, match, exc)) from None
             if isinstance(exc, (RewriteError, Refuse)):
                 raise
@@ -450,7 +480,7 @@ class Splicer:
             self._notify(match, tracer.created, new_outputs)
         return tracer.created
 
-    def _call(self, match: Match, rule: Rule, guard: _CapturedModules | None) -> list[Node]:
+    def _call(self, match: Match, rule: Rule, guard: CapturedModules | None) -> list[Node]:
         """Call the replacement on Proxies, recording its module calls and guarding the modules the
         match captured; the nodes that stand for the pattern's outputs.
 
@@ -476,7 +506,7 @@ class Splicer:
         _refuse_input_mutation(match, rule, tracer.created)
         return new_outputs
 
-    def _call_in(self, mode: str, match: Match, rule: Rule, guard: _CapturedModules | None) -> tuple[Any, bool]:
+    def _call_in(self, mode: str, match: Match, rule: Rule, guard: CapturedModules | None) -> tuple[Any, bool]:
         """Call the replacement once, module calls recorded in ``mode``: its result and whether
         a module call got past the recording (then everything the call did is undone and its
         names freed, so that calling it again makes the same graph)."""
@@ -496,6 +526,13 @@ class Splicer:
         if guard is not None:
             guard.undo()
         return None, True
+
+    def _literal_captures(self, rule: Rule) -> tuple[str, ...] | None:
+        """:func:`_literal_captures` of ``rule``, read once per rule."""
+        known = self._captures.get(id(rule))
+        if known is None or known[0] is not rule:
+            known = self._captures[id(rule)] = (rule, _literal_captures(rule))
+        return known[1]
 
     def _notify(self, match: Match, created: list[Node], new_outputs: list[Node]) -> None:
         """Send the listeners the :class:`Change` a splice made."""
@@ -519,11 +556,12 @@ class Splicer:
             self._templates[key] = (template, True) if same else (None, True)
 
 
-def _template_key(rule: Rule, match: Match, tracer: _ReplacementTracer) -> Hashable | None:
+def _template_key(rule: Rule, match: Match, tracer: _ReplacementTracer,
+                  literal_names: tuple[str, ...] | None) -> Hashable | None:
     """What a replacement's recorded graph may depend on besides the bound tensors: the rule,
-    the graph's level, the values of its literal captures and which variables bound the same
-    value (``None``: never replayed, e.g. a module capture)."""
-    literal_names = _literal_captures(rule)
+    the graph's level, the values of its literal captures (``literal_names``, from
+    :func:`_literal_captures`) and which variables bound the same value (``None``: never
+    replayed, e.g. a module capture)."""
     if literal_names is None:
         return None
     bindings = match.bindings
@@ -794,120 +832,14 @@ def _erase(graph: fx.Graph, match: Match) -> None:
 # -- the modules a match captured stay as they were ----------------------------------------------
 
 
-class _ModuleWrite(Exception):
-    """A replacement changed a module its match captured: ``label`` (``conv.weight``) and how."""
-
-    def __init__(self, label: str, how: str) -> None:
-        super().__init__(f"{label}: {how}")
-        self.label, self.how = label, how
-
-
-@attrs.frozen(eq=False)
-class _TensorState:
-    label: str
-    tensor: torch.Tensor
-    version: int
-    #: An alias of the data as it was (no copy): puts back a swapped ``.data``.
-    data: torch.Tensor
+def _guard_for(match: Match, tracer: _ReplacementTracer) -> CapturedModules | None:
+    """The guard for the modules ``match`` binds, named by their path; ``None`` when it binds none."""
+    modules = {tracer._module_paths.get(id(v), name): v for name, v in match.bindings.items()
+               if isinstance(v, torch.nn.Module)}
+    return CapturedModules(modules) if modules else None
 
 
-@attrs.frozen(eq=False)
-class _ModuleState:
-    label: str
-    module: torch.nn.Module
-    #: The module's public attributes and its parameter, buffer and submodule tables, as they were.
-    attributes: dict[str, Any]
-    tables: tuple[dict[str, Any], ...]
-
-
-def _tables(module: torch.nn.Module) -> tuple[dict[str, Any], ...]:
-    return (module._parameters, module._buffers, module._modules)
-
-
-class _CapturedModules(TorchDispatchMode):
-    """Keeps a replacement from changing the modules its match captured (they belong to the
-    program, and unless ``rewrite`` works on a copy, to the caller's model).
-
-    While the replacement runs, an in-place op on one of their parameters or buffers is refused
-    before it writes (:class:`_ModuleWrite`); afterwards :meth:`check` compares what it snapshot
-    (tensor version counters, ``.data``, attributes, parameter tables) and :meth:`undo` puts back
-    anything changed. Snapshots hold references, never copies of the tensors."""
-
-    def __init__(self, modules: dict[str, torch.nn.Module]) -> None:
-        super().__init__()
-        self.modules: list[_ModuleState] = []
-        self.tensors: list[_TensorState] = []
-        for label, module in modules.items():
-            for sub_label, sub in module.named_modules(prefix=label):
-                public = {k: v for k, v in vars(sub).items() if not k.startswith("_")}
-                self.modules.append(_ModuleState(sub_label, sub, public, tuple(map(dict, _tables(sub)))))
-                for name, t in (*sub._parameters.items(), *sub._buffers.items()):
-                    if isinstance(t, torch.Tensor):
-                        self.tensors.append(_TensorState(f"{sub_label}.{name}", t, t._version, t.data))
-        self.storages = {_storage(s.tensor): s.label for s in self.tensors}
-        self.storages.pop(0, None)
-
-    @classmethod
-    def of(cls, match: Match, tracer: _ReplacementTracer) -> _CapturedModules | None:
-        """The guard for the modules ``match`` binds, named by their path; ``None`` when it binds none."""
-        modules = {tracer._module_paths.get(id(v), name): v for name, v in match.bindings.items()
-                   if isinstance(v, torch.nn.Module)}
-        return cls(modules) if modules else None
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        if func._schema.is_mutable:
-            for i, argument in enumerate(func._schema.arguments):
-                if argument.alias_info is None or not argument.alias_info.is_write:
-                    continue
-                value = args[i] if i < len(args) else kwargs.get(argument.name)
-                label = self.storages.get(_storage(value)) if isinstance(value, torch.Tensor) else None
-                if label is not None:
-                    raise _ModuleWrite(label, f"written in place by {func}")
-        return func(*args, **kwargs)
-
-    def check(self) -> None:
-        """Raises :class:`_ModuleWrite` for the first change the replacement made."""
-        for state in self.tensors:
-            t = state.tensor
-            if t._version != state.version:
-                raise _ModuleWrite(state.label, "written in place (its version counter changed)")
-            if _storage(t) != _storage(state.data) or t.shape != state.data.shape or t.dtype != state.data.dtype:
-                raise _ModuleWrite(state.label, "its .data was replaced")
-        for m in self.modules:
-            for key, value in m.attributes.items():
-                if vars(m.module).get(key, _UNKNOWN) is not value:
-                    raise _ModuleWrite(f"{m.label}.{key}", "reassigned")
-            for table, before in zip(_tables(m.module), m.tables):
-                changed = sorted(k for k in {*table, *before} if table.get(k, _UNKNOWN) is not before.get(k, _UNKNOWN))
-                if changed:
-                    raise _ModuleWrite(f"{m.label}.{changed[0]}", "reassigned")
-
-    def undo(self) -> None:
-        """Put back every attribute, table entry and ``.data`` the replacement changed."""
-        for m in self.modules:
-            for table, before in zip(_tables(m.module), m.tables):
-                if len(table) != len(before) or any(table.get(k, _UNKNOWN) is not v for k, v in before.items()):
-                    table.clear()
-                    table.update(before)
-            for key, value in m.attributes.items():
-                if vars(m.module).get(key, _UNKNOWN) is not value:
-                    object.__setattr__(m.module, key, value)
-        for state in self.tensors:
-            if _storage(state.tensor) != _storage(state.data) or state.tensor.shape != state.data.shape:
-                with torch.no_grad():
-                    state.tensor.data = state.data
-
-
-def _storage(t: Any) -> int:
-    """The address of a tensor's storage (0 when it has none: fake and meta tensors)."""
-    try:
-        return int(t.untyped_storage().data_ptr())
-    except Exception:
-        return 0
-
-
-def _module_write_message(rule: Rule, match: Match, exc: _ModuleWrite) -> str:
+def _module_write_message(rule: Rule, match: Match, exc: ModuleWrite) -> str:
     return (f"{_where(rule, match)}: the replacement changes '{exc.label}' ({exc.how}), which belongs to a module "
             f"the match captured. That module is the program's own, called wherever the program calls it, and unless "
             f"rewrite() works on a copy it is the caller's model too. The change was undone and the graph left as "

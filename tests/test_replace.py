@@ -172,6 +172,8 @@ def _spliced(result):
 
 @pytest.mark.slow
 def test_replaying_a_replacement_splices_what_calling_it_again_would_on_the_whole_library(monkeypatch):
+    """Replayed (arguments filled in one pass where flat, or by torch.fx's ``map_aggregate``,
+    the slow twin) or called again: the same code, names, metadata and numbers."""
     from test_stdlib import CASES, LIBRARY  # tests/ is on sys.path, as for _helpers
 
     import fxrewrite.replace as replace
@@ -182,17 +184,43 @@ def test_replaying_a_replacement_splices_what_calling_it_again_would_on_the_whol
         results = {}
         torch.manual_seed(0)
         original = _thrice(case)
-        for replay in (True, False):
+        for replay, flat in ((True, True), (True, False), (False, True)):
             monkeypatch.setattr(replace, "REPLAY", replay)
+            monkeypatch.setattr(replace, "FLAT_REPLAY", flat)
             program = copy.deepcopy(original)
             traced = torch.fx.symbolic_trace(program) if not case.shapes else program
-            results[replay] = rewrite(traced, rule, example_inputs=inputs)
-        assert results[True].report.applied == results[False].report.applied, name
-        assert _spliced(results[True]) == _spliced(results[False]), name
-        results[True].module.graph.lint()
-        torch.testing.assert_close(results[True].module(*inputs), results[False].module(*inputs), equal_nan=True)
-        replayed += results[True].report.applied[name] >= 3
+            results[replay, flat] = rewrite(traced, rule, example_inputs=inputs)
+        called = results[False, True]
+        for config in ((True, True), (True, False)):
+            assert results[config].report.applied == called.report.applied, name
+            assert _spliced(results[config]) == _spliced(called), name
+            results[config].module.graph.lint()
+            torch.testing.assert_close(results[config].module(*inputs), called.module(*inputs), equal_nan=True)
+        replayed += results[True, True].report.applied[name] >= 3
     assert replayed > 60  # most rules fired thrice, so most were replayed
+
+
+@pytest.mark.parametrize("replacement", [lambda x: torch.clamp(x * 2.0, min=-1.0, max=1.0),
+                                         lambda x: torch.cat([x, x * 2.0], dim=-1).sum(-1, keepdim=True),
+                                         lambda x: x.permute(1, 0).reshape((2, -1))[:, 1:]],
+                         ids=["flat", "a list", "a tuple and slices"])
+def test_a_replayed_node_gets_the_arguments_calling_the_replacement_gives_it(monkeypatch, replacement):
+    import fxrewrite.replace as replace
+
+    def fn(a):
+        return [torch.neg(torch.neg(a * k)) for k in range(4)]
+
+    results = {}
+    for replay, flat in ((True, True), (True, False), (False, True)):
+        monkeypatch.setattr(replace, "REPLAY", replay)
+        monkeypatch.setattr(replace, "FLAT_REPLAY", flat)
+        results[replay, flat] = rewrite(fn, neg_neg(replacement))
+        assert results[replay, flat].report.applied["neg_neg"] == 4
+    assert _spliced(results[True, True]) == _spliced(results[True, False]) == _spliced(results[False, True])
+    a = torch.randn(2, 2)
+    for got, expected in zip(results[True, True].module(a), fn(a)):
+        torch.testing.assert_close(got, replacement(expected))
+    results[True, True].module.graph.lint()
 
 
 def test_a_replacement_with_state_is_not_replayed():
