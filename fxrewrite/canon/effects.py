@@ -39,6 +39,11 @@ def mutation(node: Node) -> str | None:
     True
     """
     kwargs = node.kwargs
+    if not kwargs and FAST_MUTATION:
+        try:  # the driver asks this of every node of the graph before it rewrites
+            return _call_mutation_cache[node.op, node.target]
+        except (KeyError, TypeError):
+            pass
     if "out" in kwargs:
         return "writes into an out= argument"
     if _inplace_flag(node):
@@ -56,12 +61,21 @@ def mutation(node: Node) -> str | None:
     found = _target_mutation(node.op, node.target)
     try:
         _target_mutation_cache[key] = found
+        if not _is_functional(node.target):
+            _call_mutation_cache[key] = found
     except TypeError:  # an unhashable target
         pass
     return found
 
 
 _target_mutation_cache: dict[tuple[str, Any], str | None] = {}
+#: Read :data:`_call_mutation_cache` for calls without keywords; ``False`` (the slow twin): work
+#: the answer out at every call (``tests/canon/test_effects.py`` checks both agree).
+FAST_MUTATION = True
+#: ``(op, target) -> mutation`` of a call without keyword arguments of a target that is no
+#: functional with an ``inplace`` parameter: then neither ``out=`` nor ``inplace=True`` can be
+#: given, and the answer is the target's (:func:`_target_mutation`), whatever the arguments.
+_call_mutation_cache: dict[tuple[str, Any], str | None] = {}
 
 
 def _target_mutation(op: str, target: Any) -> str | None:

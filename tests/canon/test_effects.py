@@ -112,3 +112,23 @@ def test_a_check_node_is_recognised_only_without_users():
     graph.output(relu)
     assert is_check(check)
     assert not is_check(relu)
+
+
+def test_mutation_from_the_table_of_calls_without_keywords_is_the_mutation_worked_out_anew():
+    from fxrewrite.canon import effects
+
+    def program(x, y):
+        a = F.relu(x, True) + F.relu(x) + F.relu(x, inplace=True) + F.dropout(x, 0.1, False, True)
+        b = x.clone().add_(1) + torch.add(x, y) + torch.sigmoid_(x.clone()) + operator.iadd(x.clone(), 1)
+        c = torch.add(x, 1, out=y.clone()) + torch.ops.aten.add_.Tensor(x.clone(), y) + torch.ops.aten.neg.default(x)
+        return a, b, c, x.relu_()
+
+    gm = fx.symbolic_trace(program)
+    for n in gm.graph.nodes:
+        effects.FAST_MUTATION = False
+        try:
+            slow = mutation(n)
+        finally:
+            effects.FAST_MUTATION = True
+        assert [mutation(n), mutation(n)] == [slow, slow], n.format_node()  # filled, then read
+    assert sum(mutation(n) is not None for n in gm.graph.nodes) >= 8
