@@ -342,6 +342,7 @@ def _names_read(fn: Callable[..., Any]) -> set[str] | None:
 
 
 _LOADS = ("LOAD_FAST", "LOAD_DEREF", "LOAD_CLOSURE", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR")
+_LOAD_OPCODES = frozenset(dis.opmap[name] for name in _LOADS if name in dis.opmap)
 
 #: Bytecode read without :mod:`dis` on the Pythons whose layout :func:`_names_read_quickly`
 #: knows (3.11 and 3.12: two bytes an instruction, inline caches, locals and cells indexed alike).
@@ -361,10 +362,9 @@ def _names_read_quickly(code: types.CodeType) -> set[str]:
     """:func:`_names_read_by_dis` on Python 3.11 and 3.12, a tenth of its cost: the same walk
     as ``dis._unpack_opargs`` (inline caches skipped, ``EXTENDED_ARG`` folded in), names from the
     code's own table of locals and cells, no ``Instruction`` built."""
-    loads = frozenset(dis.opmap[name] for name in _LOADS if name in dis.opmap)
-    caches = dis._inline_cache_entries  # type: ignore[attr-defined]
+    loads, caches, extended = _LOAD_OPCODES, dis._inline_cache_entries, dis.opmap["EXTENDED_ARG"]  # type: ignore[attr-defined]
     name_of = code._varname_from_oparg  # type: ignore[attr-defined]
-    extended, raw = dis.opmap["EXTENDED_ARG"], code.co_code
+    raw = code.co_code
     names = set(code.co_cellvars)
     prefix = skip = 0
     for i in range(0, len(raw), 2):
