@@ -301,7 +301,7 @@ def by_meaning(name: str, names: tuple[str, ...], p_values: tuple[Any, ...], g_v
     p_out, g_out = list(p_values), list(g_values)
     dims = DIM_ARGUMENTS.get(name, ())
     for i, arg in enumerate(names):
-        if any(isinstance(leaf, Node) for leaf in tree_leaves(p_out[i])):
+        if _holds_node(p_out[i]):
             continue  # a capture binds the value as the graph writes it
         if arg in dims:
             p_out[i], g_out[i] = _dims_from_end(p_out[i], rank), _dims_from_end(g_out[i], rank)
@@ -317,6 +317,20 @@ def by_meaning(name: str, names: tuple[str, ...], p_values: tuple[Any, ...], g_v
             if isinstance(a, int) and isinstance(b, int) and a > b:
                 values[first], values[second] = b, a
     return tuple(p_out), tuple(g_out)
+
+
+_LEAF_TYPES = frozenset({int, float, bool, str, type(None), torch.dtype})
+
+
+def _holds_node(value: Any) -> bool:
+    """Is a graph value among the leaves of ``value`` (``tree_leaves``)? A number, string, dtype
+    or ``None`` is a leaf of its own, so it is answered without flattening."""
+    kind = type(value)
+    if kind is Node:
+        return True
+    if kind in _LEAF_TYPES:
+        return False
+    return any(isinstance(leaf, Node) for leaf in tree_leaves(value))
 
 
 def _dims_from_end(value: Any, rank: int | None) -> Any:

@@ -303,6 +303,11 @@ def dtype_conversion(op: str, target: Any, args: tuple[Any, ...], kwargs: Mappin
         return None
     if op != "call_function":
         return None
+    try:
+        if target not in _CONVERSION_TARGETS:  # most calls: three tuple scans and their lookups saved
+            return None
+    except TypeError:  # an unhashable target: the scans below
+        pass
     if target in (torch.ops.aten.to.dtype, torch.ops.aten.to, torch.Tensor.to):
         return _converted(x, rest, kwargs, {"non_blocking": False, "copy": False, "memory_format": None})
     if target in (torch.ops.aten._to_copy.default, torch.ops.aten._to_copy):
@@ -310,6 +315,13 @@ def dtype_conversion(op: str, target: Any, args: tuple[Any, ...], kwargs: Mappin
     if target in (torch.ops.prims.convert_element_type.default, torch.ops.prims.convert_element_type):
         return _converted(x, rest, kwargs, {})
     return None
+
+
+#: Every target :func:`dtype_conversion` reads as a conversion (the checks there, in one set).
+_CONVERSION_TARGETS: frozenset[Any] = frozenset({
+    torch.ops.aten.to.dtype, torch.ops.aten.to, torch.Tensor.to, torch.ops.aten._to_copy.default,
+    torch.ops.aten._to_copy, torch.ops.prims.convert_element_type.default, torch.ops.prims.convert_element_type,
+})
 
 
 def _converted(x: Node, rest: tuple[Any, ...], kwargs: Mapping[str, Any],

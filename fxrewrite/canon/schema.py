@@ -141,7 +141,8 @@ class _Plan:
     def __init__(self, schema: Any) -> None:
         self.schema = schema  # held, so that the id the plan is filed under stays this schema's
         self.arguments = tuple((a.name, a.kwarg_only, a.has_default_value(),
-                                a.default_value if a.has_default_value() else None, str(a.type))
+                                a.default_value if a.has_default_value() else None, str(a.type),
+                                str(a.type).startswith("Optional["), "List[" in str(a.type))
                                for a in schema.arguments)
         self.positional = sum(not a.kwarg_only for a in schema.arguments)
         self.names = frozenset(a.name for a in schema.arguments)
@@ -178,7 +179,7 @@ def _bind(schema: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], strict:
     if kwargs and any(k not in plan.names for k in kwargs):
         return None
     bound: dict[str, Any] = {}
-    for i, (name, kwarg_only, has_default, default, type_name) in enumerate(plan.arguments):
+    for i, (name, kwarg_only, has_default, default, type_name, optional, is_list) in enumerate(plan.arguments):
         if name in kwargs:
             value = kwargs[name]
             if not kwarg_only and i < given:
@@ -189,9 +190,9 @@ def _bind(schema: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], strict:
             value = list(default) if isinstance(default, list) else default  # a fresh list, as the schema gives
         else:
             return None
-        if not _accepts(type_name, value) or (strict and _number_as_tensor(type_name, value)):
+        if not _accepts_as(type_name, optional, is_list, value) or (strict and _number_as_tensor(type_name, value)):
             return None
-        bound[name] = _normalise(type_name, value)
+        bound[name] = _normalise(type_name, value) if is_list else value
     return bound
 
 
@@ -236,8 +237,11 @@ _FLOAT_TYPES = frozenset({"float", "number", "Tensor", "Optional[float]", "Optio
 
 
 def _accepts(type_name: str, value: Any) -> bool:
-    optional = type_name.startswith("Optional[")
-    is_list = "List[" in type_name
+    return _accepts_as(type_name, type_name.startswith("Optional["), "List[" in type_name, value)
+
+
+def _accepts_as(type_name: str, optional: bool, is_list: bool, value: Any) -> bool:
+    """:func:`_accepts`, with whether the type is optional and a list already read off its name."""
     if value is None:
         return optional
     if isinstance(value, Node):  # a tensor, a symbolic number, or (in a pattern) a captured constant
