@@ -29,7 +29,7 @@ import torch.fx as fx
 from torch.fx.node import Node
 
 from ._captured import CapturedModules, ModuleWrite
-from ._module_calls import first_mode, next_mode, recording
+from ._module_calls import DUNDER, first_mode, next_mode, recording
 from ._torch import add_node, fresh_node_name, is_erased, node_name_base, tree_leaves
 from .canon import (
     METADATA_ATTRIBUTES,
@@ -116,6 +116,11 @@ class _ConcreteMethod:
         if _concrete(value):
             return value
         return self.proxy.tracer.create_proxy("call_method", self.name, (self.proxy, *args), kwargs)
+
+
+#: Record a replacement's module call with ``add_node`` (the slow twin, False: torch.fx's
+#: ``Tracer.create_proxy``, as under ``preserve_node_meta`` always).
+DIRECT_MODULE_CALLS = True
 
 
 class _ReplacementTracer(fx.Tracer):
@@ -221,7 +226,16 @@ class _ReplacementTracer(fx.Tracer):
             self.new_attributes.append(path)
             self.modules[path] = module
             self._module_paths[id(module)] = path
-        return self.create_proxy("call_module", path, args, kwargs)
+        if not DIRECT_MODULE_CALLS or fx.traceback.has_preserved_node_meta():
+            return self.create_proxy("call_module", path, args, kwargs)
+        # the node torch.fx's create_proxy would record (its ATen spelling never applies to
+        # call_module), built directly as a replayed node is
+        node = add_node(self.graph, fresh_node_name(self.graph, node_name_base(self.graph, path)), "call_module",
+                        path, self.create_arg(args), self.create_arg(kwargs), meta=self._node_meta)
+        self.created.append(node)
+        if self.annotate:
+            propagate_values(self.root_module, [node])
+        return self.proxy(node)
 
     def _fresh_name(self, what: str) -> str:
         """``<rule>_<what>_<k>`` with the first free ``k``; the search resumes where the last one
@@ -511,7 +525,7 @@ class Splicer:
         a module call got past the recording (then everything the call did is undone and its
         names freed, so that calling it again makes the same graph)."""
         tracer = self.tracer
-        names = tracer.names()
+        names = tracer.names() if mode != DUNDER else None  # nothing gets past DUNDER: never rolled back here
         watch = None
         try:
             with guard if guard is not None else contextlib.nullcontext(), recording(tracer, mode) as watch:

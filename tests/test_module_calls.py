@@ -160,19 +160,57 @@ class _Folds(torch.nn.Module):
         return x
 
 
-def test_the_shipped_conv_bn_fold_splices_the_same_graph_with_either_slot_replaced(monkeypatch):
+@pytest.mark.parametrize("inplace", [False, True])
+def test_the_shipped_conv_bn_fold_splices_the_same_graph_with_every_slow_twin(monkeypatch, inplace):
+    """``_call_impl`` or ``__call__`` replaced, the module call recorded directly or by torch.fx's
+    ``create_proxy`` (``replace.DIRECT_MODULE_CALLS``): the same code and the same numbers."""
     from _helpers import standard_rules
+
+    import fxrewrite.replace as replace
 
     torch.manual_seed(0)
     model, x = _Folds().eval(), torch.randn(2, 3, 4, 4)
     results = {}
-    for dunder in (True, False):
+    for dunder, direct in ((False, True), (True, True), (False, False)):
         monkeypatch.setattr(module_calls, "PATCH_DUNDER_CALL", dunder)
-        results[dunder] = rewrite(copy.deepcopy(model), standard_rules()["conv_bn_fold"])
-        assert results[dunder].report.applied["conv_bn_fold"] == 3
-        assert_rewrite_sound(model, results[dunder], x, rtol=1e-5, atol=1e-5)
+        monkeypatch.setattr(replace, "DIRECT_MODULE_CALLS", direct)
+        program = copy.deepcopy(model)
+        results[dunder, direct] = rewrite(fx.symbolic_trace(program) if inplace else program,
+                                          standard_rules()["conv_bn_fold"], inplace=inplace)
+        assert results[dunder, direct].report.applied["conv_bn_fold"] == 3
+        assert_rewrite_sound(model, results[dunder, direct], x, rtol=1e-5, atol=1e-5)
+    fast = results[False, True]
+    for slow in ((True, True), (False, False)):
+        assert results[slow].code == fast.code
+        assert [(n.name, sorted(n.meta)) for n in results[slow].module.graph.nodes] == [
+            (n.name, sorted(n.meta)) for n in fast.module.graph.nodes]
+        torch.testing.assert_close(results[slow].module(x), fast.module(x), rtol=0, atol=0)
+
+
+def test_a_module_call_on_an_annotated_graph_gets_its_value_and_its_constant_and_keyword_arguments(monkeypatch):
+    """A module called with a tensor constant and a keyword on a graph with shapes: the node
+    carries its value, the constant becomes a buffer, as torch.fx's create_proxy records it."""
+    import fxrewrite.replace as replace
+
+    class Scale(torch.nn.Module):
+        def forward(self, x, *, by):
+            return x * by
+
+    def replacement(x):
+        return Scale()(x, by=torch.full((4,), 2.0)) + torch.relu(x)
+
+    rule = Rule.from_functions(lambda x: torch.neg(torch.neg(x)), replacement, name="neg_neg_scale")
+    f = lambda a: torch.neg(torch.neg(a)) * 3  # noqa: E731
+    results = {}
+    for direct in (True, False):
+        monkeypatch.setattr(replace, "DIRECT_MODULE_CALLS", direct)
+        results[direct] = rewrite(f, rule, example_inputs=(X,))
+        call = next(n for n in results[direct].module.graph.nodes if n.op == "call_module")
+        assert call.meta["val"].shape == X.shape and set(call.kwargs) == {"by"}
+        assert_rewrite_sound(lambda a: (a * 2.0 + torch.relu(a)) * 3, results[direct], X)
     assert results[True].code == results[False].code
-    torch.testing.assert_close(results[True].module(x), results[False].module(x), rtol=0, atol=0)
+    assert [(n.name, sorted(n.meta)) for n in results[True].module.graph.nodes] == [
+        (n.name, sorted(n.meta)) for n in results[False].module.graph.nodes]
 
 
 def test_forwards_in_other_threads_run_torchs_own_call_while_replacements_record_module_calls():
@@ -216,6 +254,8 @@ def test_every_mode_splices_what_the_slow_twins_splice_on_the_whole_library(monk
     from test_replace import _spliced, _thrice
     from test_stdlib import CASES, LIBRARY
 
+    import fxrewrite.replace as replace
+
     for name, case in sorted(CASES.items()):
         rule, inputs = LIBRARY[name], case.inputs()
         results = {}
@@ -224,6 +264,7 @@ def test_every_mode_splices_what_the_slow_twins_splice_on_the_whole_library(monk
         for slow in (False, True):
             monkeypatch.setattr(module_calls, "PATCH_ALWAYS", slow)
             monkeypatch.setattr(module_calls, "PATCH_DUNDER_CALL", slow)
+            monkeypatch.setattr(replace, "DIRECT_MODULE_CALLS", not slow)
             program = copy.deepcopy(original)
             traced = torch.fx.symbolic_trace(program) if not case.shapes else program
             results[slow] = rewrite(traced, rule, example_inputs=inputs)
