@@ -234,7 +234,7 @@ class _Generator:
         self.namespace = FxNamespace()
         self.names: dict[Node, str] = {}
         self.globals: dict[str, Any] = {}
-        self.targets: dict[int, tuple[Any, str]] = {}  # id(call target) -> (target, its name in the code)
+        self.calls: dict[int, tuple[Any, tuple[str, str]]] = {}  # id(call target) -> (target, self.call(target))
         self.opaque: dict[type, bool] = {}
         self.free_vars: list[str] = []
         self.wrapped: dict[str, None] = {}
@@ -281,13 +281,6 @@ class _Generator:
             return global_name
         self.globals[global_name] = obj
         return global_name
-
-    def target(self, target: Any) -> str:
-        """The name of a call target in the code (fx's qualified name and ``add_global``), once per target."""
-        known = self.targets.get(id(target))
-        if known is None or known[0] is not target:
-            known = self.targets[id(target)] = (target, self.add_global(fx_qualified_name(target), target))
-        return known[1]
 
     def name(self, node: Node) -> str:
         """The node's name in the code (fx's ``node_repr``: the namespace's name for it)."""
@@ -349,8 +342,12 @@ class _Generator:
 
     def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         """fx's ``_format_args``."""
-        res = [self.repr(a) for a in args]
-        res.extend([f"{k} = {self.repr(v)}" for k, v in kwargs.items()])
+        names, res = self.names, []
+        for a in args:
+            name = names.get(a) if isinstance(a, Node) else None  # the common case: a node already named
+            res.append(name if name is not None else self.repr(a))
+        if kwargs:
+            res.extend([f"{k} = {self.repr(v)}" for k, v in kwargs.items()])
         return ", ".join(res)
 
     def emit(self, node: Node) -> str:
@@ -386,23 +383,38 @@ class _Generator:
     def emit_call(self, node: Node, annotation: str) -> str:
         """fx's ``emit_node`` for a ``call_function``: operators printed as Python operators."""
         target = node.target
+        kind, text = self.call(target)
+        if kind == "magic":
+            return f"{self.name(node)}{annotation} = {text.format(*(self.repr(a) for a in node.args))}"
+        if kind == "inplace":
+            return (f"{text.format(*(self.repr(a) for a in node.args))};  "
+                    f"{self.name(node)}{annotation} = {self.repr(node.args[0])}")
+        args = node.args
+        if text == "getattr" and isinstance(args[1], str) and args[1].isidentifier() and len(args) == 2:
+            return f"{self.name(node)}{annotation} = {fx_format_target(self.repr(args[0]), args[1])}"
+        line = f"{self.name(node)}{annotation} = {text}({self.arguments(args, node.kwargs)})"
+        if node.meta.get("is_wrapped", False):
+            self.wrapped.setdefault(text)
+        return line
+
+    def call(self, target: Any) -> tuple[str, str]:
+        """How a ``call_function`` of ``target`` is printed, worked out once per target: an
+        operator (``magic`` or ``inplace``, and its format), or a ``call`` of its name in the
+        code (fx's qualified name and ``add_global``, at the target's first call, as fx does)."""
+        known = self.calls.get(id(target))
+        if known is not None and known[0] is target:
+            return known[1]
         if not callable(target):
             raise _Unsupported("call_function of a non-callable")
-        if getattr(target, "__module__", "") == "_operator":
-            if target.__name__ in fx_magic_methods:
-                return (f"{self.name(node)}{annotation} = "
-                        f"{fx_magic_methods[target.__name__].format(*(self.repr(a) for a in node.args))}")
-            if target.__name__ in fx_inplace_methods:
-                return (f"{fx_inplace_methods[target.__name__].format(*(self.repr(a) for a in node.args))};  "
-                        f"{self.name(node)}{annotation} = {self.repr(node.args[0])}")
-        global_name = self.target(target)
-        args = node.args
-        if global_name == "getattr" and isinstance(args[1], str) and args[1].isidentifier() and len(args) == 2:
-            return f"{self.name(node)}{annotation} = {fx_format_target(self.repr(args[0]), args[1])}"
-        line = f"{self.name(node)}{annotation} = {global_name}({self.arguments(args, node.kwargs)})"
-        if node.meta.get("is_wrapped", False):
-            self.wrapped.setdefault(global_name)
-        return line
+        operator_name = target.__name__ if getattr(target, "__module__", "") == "_operator" else None
+        if operator_name in fx_magic_methods:
+            how = ("magic", fx_magic_methods[operator_name])
+        elif operator_name in fx_inplace_methods:
+            how = ("inplace", fx_inplace_methods[operator_name])
+        else:
+            how = ("call", self.add_global(fx_qualified_name(target), target))
+        self.calls[id(target)] = (target, how)
+        return how
 
     def free(self, user: Node, last_uses: dict[Node, list[Node]]) -> str:
         """fx's ``delete_unused_values``: the line's end, freeing the values last used there."""
