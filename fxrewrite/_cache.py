@@ -1,10 +1,11 @@
 """A content-addressed cache of parsed rule files, so a process that loads an unchanged ``.fxr``
-file neither imports lark nor parses the file.
+file neither imports lark nor parses the file, nor traces its patterns.
 
-What is cached is the *parse* only, the :class:`~fxrewrite.dsl.ast.RuleFile` of a text. Every
-rule is still built from it as it would be from a fresh parse: names resolved, patterns traced,
-every check of a rule run, errors carrying ``file:line``. A text that does not parse is never
-cached, so its syntax error is found again, by the parser.
+What is cached is the *parse*, the :class:`~fxrewrite.dsl.ast.RuleFile` of a text, and the traced
+graphs of its patterns (see below). Every rule is still built from them as it would be from a
+fresh parse: names resolved, every check of a rule and of its pattern's graph run, errors
+carrying ``file:line``. A text that does not parse is never cached, so its syntax error is found
+again, by the parser; a file with a bad rule has no traces cached, so every load traces it again.
 
 An entry is trusted only as far as its key reaches: the key is the SHA-256 of the text, of the
 parser's own sources (``grammar.lark``, ``parse.py``, ``_syntax.py``, ``_to_ast.py``, ``ast.py``:
@@ -15,6 +16,16 @@ must hold the very text being loaded. Whatever is wrong with an entry (missing, 
 key, another text, another type) makes the load a miss: the text is parsed, a debug message
 says why, and the entry is rewritten. ``tests/test_cache.py`` checks that every entry equals a
 fresh parse.
+
+The traces of a file's patterns are cached beside (:func:`load_traces`, :func:`store_traces`):
+the graph of each pattern the DSL generated, as plain data (:func:`fxrewrite.pattern.graph_record`),
+under a key that adds to the parse key the sources that turn a parse into traced functions
+(``dsl/compile.py``, ``dsl/scope.py``, ``dsl/__init__.py``, ``pattern.py``, ``_torch.py``) and the
+functions registered with ``torch.fx.wrap``. An entry is plain data (its unpickler builds no class
+at all); a replayed graph names its functions by module and name, each looked up again and
+refused when it is no longer what it was (then the pattern is traced). Every other check of a
+rule runs on a replayed graph; ``tests/test_cache.py`` checks that every replayed graph of the
+library equals a fresh trace.
 
 Where: ``$XDG_CACHE_HOME/fxrewrite`` (``~/.cache/fxrewrite`` when it is unset or not an absolute
 path, as the XDG specification says), never in the package
@@ -52,8 +63,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .dsl.ast import RuleFile
 
-__all__ = ["ENABLE_VARIABLE", "MAX_ENTRIES", "directory", "entries", "load_rule_file", "read_entry",
-           "rule_file_key", "store_rule_file"]
+__all__ = ["ENABLE_VARIABLE", "MAX_ENTRIES", "directory", "entries", "load_rule_file", "load_traces", "read_entry",
+           "rule_file_key", "store_rule_file", "store_traces", "trace_key"]
 
 logger = logging.getLogger(__name__)
 
@@ -209,8 +220,81 @@ def _lark_version() -> str:
     return found.group(1) if found else hashlib.sha256(Path(spec.origin).read_bytes()).hexdigest()
 
 
-def _prune(folder: Path) -> None:
-    """Keep the :data:`MAX_ENTRIES` most recently written entries."""
-    found = sorted(folder.glob(f"*{_SUFFIX}"), key=lambda p: p.stat().st_mtime, reverse=True)
+def _prune(folder: Path, suffix: str = _SUFFIX) -> None:
+    """Keep the :data:`MAX_ENTRIES` most recently written entries (of one kind)."""
+    found = sorted(folder.glob(f"*{suffix}"), key=lambda p: p.stat().st_mtime, reverse=True)
     for stale in found[MAX_ENTRIES:]:
         stale.unlink(missing_ok=True)
+
+
+# ---- traces of the patterns of a rule file ----------------------------------------------------------
+
+_TRACE_FORMAT = b"fxrewrite-traces-1\n"
+_TRACE_SUFFIX = ".traces"
+_TRACER_SOURCES = ("dsl/__init__.py", "dsl/compile.py", "dsl/scope.py", "pattern.py", "_torch.py")
+
+
+def trace_key(text: str) -> str:
+    """The key of the traces of the patterns of ``text``: see the module docstring."""
+    from .pattern import tracing_state
+
+    digest = hashlib.sha256(_environment_fingerprint().encode() + b"\0" + _tracer_fingerprint().encode())
+    digest.update(b"\0" + tracing_state().encode() + b"\0")
+    digest.update(text.encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()
+
+
+def load_traces(text: str, source: str) -> dict[str, Any] | None:
+    """The recorded traces of the patterns of ``text`` (pattern function name -> record), or
+    ``None`` when there are none to trust (the reason is logged at debug level)."""
+    folder = directory()
+    if folder is None:
+        return None
+    key = trace_key(text)
+    path = folder / f"{key}{_TRACE_SUFFIX}"
+    try:
+        data = path.read_bytes()
+        if not data.startswith(_TRACE_FORMAT):
+            raise ValueError("not an fxrewrite trace entry of this format")
+        entry = _PlainUnpickler(io.BytesIO(data[len(_TRACE_FORMAT):])).load()
+    except FileNotFoundError:
+        return None
+    except Exception as exc:
+        logger.debug("ignoring the cached traces %s (%s: %s); tracing %s", path, type(exc).__name__, exc, source)
+        return None
+    if not (isinstance(entry, tuple) and len(entry) == 3 and entry[:2] == (key, text) and isinstance(entry[2], dict)):
+        logger.debug("ignoring the cached traces %s (another key, text or layout); tracing %s", path, source)
+        return None
+    return entry[2]
+
+
+def store_traces(text: str, traces: dict[str, Any]) -> None:
+    """Cache the recorded traces of the patterns of ``text`` (no-op when the cache is off or
+    not writable, or when a trace could not be recorded)."""
+    folder = directory()
+    if folder is None or not traces or any(record is None for record in traces.values()):
+        return
+    key = trace_key(text)
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        data = _TRACE_FORMAT + pickle.dumps((key, text, traces), protocol=pickle.HIGHEST_PROTOCOL)
+        _write_atomically(folder, f"{key}{_TRACE_SUFFIX}", data)
+        _prune(folder, _TRACE_SUFFIX)
+    except OSError as exc:
+        logger.debug("cannot write traces to the cache %s: %s", folder, exc)
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Builds tuples, lists, dicts, strings and numbers only: no class at all."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"a trace entry holds plain data only, not {module}.{name}")
+
+
+@functools.cache
+def _tracer_fingerprint() -> str:
+    package = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for name in _TRACER_SOURCES:
+        digest.update(name.encode() + b"\0" + (package / name).read_bytes() + b"\0")
+    return digest.hexdigest()

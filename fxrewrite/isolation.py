@@ -70,7 +70,7 @@ import attrs
 import torch
 import torch.nn.modules.module as _module_globals
 
-__all__ = ["PRESERVED", "StateChanges", "torch_state_preserved"]
+__all__ = ["PRESERVED", "StateChanges", "function_modes_active", "torch_state_preserved"]
 
 _log = logging.getLogger(__name__)
 
@@ -304,6 +304,12 @@ def _items() -> tuple[_Item, ...]:
     (private torch functions, the hook dictionaries) when they run, not when they are built;
     ``tests/test_isolation.py`` checks it equals a fresh build."""
     return _ITEMS
+
+
+def function_modes_active() -> bool:
+    """Is a torch function mode active on this thread (``torch.device(...)`` entered,
+    ``torch.set_default_device``, a ``TorchFunctionMode``)? A trace made under one may differ."""
+    return bool(torch._C._len_torch_function_stack())
 
 
 #: The names of the pieces of state :func:`torch_state_preserved` puts back.

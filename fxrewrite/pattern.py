@@ -16,12 +16,14 @@ module is an instance of that class).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
+import sys
 import threading
 import types
 import typing
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from typing import Any, Literal
 
 import attrs
@@ -320,18 +322,27 @@ def trace_pattern(fn: Callable[..., Any], *, rule_name: str, origin: str) -> Pat
     """
     where = f"rule '{rule_name}' ({origin})"
     params = signature_params(fn, where=where, role="pattern")
+    book: _Book | None = getattr(_BOOK, "value", None)
+    graph = book.replayed(fn) if book is not None else None
+    if graph is None:
+        graph = _traced(fn, params, where)
+        if book is not None:
+            book.record(fn, graph)
+    return pattern_from_graph(graph, params, where=where)
+
+
+def _traced(fn: Callable[..., Any], params: tuple[Param, ...], where: str) -> fx.Graph:
     from .isolation import torch_state_preserved  # tracing runs fn: it must leave torch's global state as it was
 
     try:
         with TRACING, torch_state_preserved():
-            graph = _PatternTracer(params).trace(fn)
+            return _PatternTracer(params).trace(fn)
     except _CaptureMisuse as exc:
         raise RuleDefinitionError(f"{where}: {exc}") from None
     except RuleDefinitionError:
         raise  # already says where (e.g. raised by a DSL pattern with its file:line)
     except Exception as exc:  # torch.fx raises TraceError, TypeError, NameError, RuntimeError ...
         raise RuleDefinitionError(_untraceable_message(where, exc)) from exc
-    return pattern_from_graph(graph, params, where=where)
 
 
 def pattern_from_graph(graph: fx.Graph, params: tuple[Param, ...] | None = None, *, where: str,
@@ -586,3 +597,180 @@ def _depth(graph: fx.Graph) -> int:
         if n.op in _INNER_OPS:
             depth[n] = 1 + max((depth.get(a, 0) for a in n.all_input_nodes), default=0)
     return max(depth.values(), default=0)
+
+
+# ---- recorded traces: a traced graph as plain data, and back (the DSL's trace cache) -------------
+# The slow twin of a replayed graph is the trace itself: tests/test_cache.py checks, for every rule
+# file of the library, that the graphs replayed from the cache equal fresh traces.
+
+
+class _Unrecordable(Exception):
+    """A value of a traced graph that plain data cannot name (see :func:`graph_record`)."""
+
+
+def graph_record(graph: fx.Graph) -> tuple[Any, ...] | None:
+    """A freshly traced pattern ``graph`` as plain data (tuples, lists, strings, numbers: what a
+    pickle holds without naming any class), one ``(op, name, target, args, kwargs, type)`` a node;
+    ``None`` when the graph holds what plain data cannot name: node metadata, a ``get_attr`` (a
+    tensor constant), or a function, class or constant not found again under its module and name
+    (a method, a lambda).
+
+    >>> g = fx.symbolic_trace(lambda x: torch.relu(x) * 2.0).graph
+    >>> graph_record(g)[1]
+    ('call_function', 'relu', ('ref', 'torch', 'relu'), ('t', [('n', 0)]), ('d', []), None)
+    """
+    index: dict[Node, int] = {}
+    nodes = []
+    try:
+        for n in graph.nodes:
+            if n.meta or n.op == "get_attr":  # a get_attr's value lives on the tracer's root, not in the graph
+                return None
+            target = n.target if isinstance(n.target, str) else _reference(n.target)
+            type_ = n.type if n.type is None or isinstance(n.type, str) else _reference(n.type)  # str: unevaluated
+            nodes.append((n.op, n.name, target, _data(n.args, index), _data(n.kwargs, index), type_))
+            index[n] = len(index)
+    except _Unrecordable:
+        return None
+    return tuple(nodes)
+
+
+def graph_from_record(record: tuple[Any, ...], fn: Callable[..., Any]) -> fx.Graph | None:
+    """The graph :func:`graph_record` wrote, as the quick tracer builds it for ``fn`` (its code
+    fields, tracer class, node names); ``None`` when a function, class or constant is no longer
+    what the record names (a module function replaced since, a name now bound elsewhere)."""
+    graph = fx.Graph(tracer_cls=_PatternTracer)
+    set_code_fields(graph, fn)
+    nodes: list[Node] = []
+    try:
+        for op, name, target, args, kwargs, type_ in record:
+            target = target if isinstance(target, str) else _referenced(target)
+            type_ = type_ if type_ is None or isinstance(type_, str) else _referenced(type_)
+            node = graph.create_node(op, target, _value(args, nodes), _value(kwargs, nodes), name, type_)
+            if node.name != name:
+                return None
+            nodes.append(node)
+    except (_Unrecordable, TypeError, ValueError, IndexError):
+        return None
+    return graph
+
+
+def _reference(value: Any) -> tuple[str, str, str]:
+    """``('ref', module, name)`` of a module-level function or class, found again by them."""
+    module, name = getattr(value, "__module__", None), getattr(value, "__name__", None)
+    if not (isinstance(module, str) and isinstance(name, str)) or _lookup(module, name) is not value:
+        raise _Unrecordable(value)
+    return ("ref", module, name)
+
+
+def _referenced(data: Any) -> Any:
+    """What ``('ref', module, name)`` names now: it must be already imported (nothing is imported
+    for a record), say it is that very name (a replacement put there since says otherwise), and
+    wrap nothing (``functools.wraps`` copies the name of what it wraps)."""
+    _, module, name = data
+    value = _lookup(module, name)
+    if (value is None or getattr(value, "__module__", None) != module or getattr(value, "__name__", None) != name
+            or hasattr(value, "__wrapped__")):
+        raise _Unrecordable(data)
+    return value
+
+
+def _lookup(module: str, name: str) -> Any:
+    return getattr(sys.modules.get(module), name, None)
+
+
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def _data(value: Any, index: Mapping[Node, int]) -> Any:
+    """A node argument as plain data: scalars as they are, anything else a tagged tuple."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if isinstance(value, Node):
+        return ("n", index[value])
+    if kind is tuple:
+        return ("t", [_data(v, index) for v in value])
+    if isinstance(value, list):  # fx's immutable_list too: fx makes every list one again
+        return ("l", [_data(v, index) for v in value])
+    if isinstance(value, dict) and all(type(k) is str for k in value):
+        return ("d", [[k, _data(v, index)] for k, v in value.items()])
+    if kind is torch.dtype:
+        return ("dtype", str(value).removeprefix("torch."))
+    if kind is slice:
+        return ("slice", _data(value.start, index), _data(value.stop, index), _data(value.step, index))
+    if value is Ellipsis:
+        return ("...",)
+    return _reference(value)
+
+
+def _value(data: Any, nodes: list[Node]) -> Any:
+    """The argument :func:`_data` wrote."""
+    if type(data) in _SCALARS:
+        return data
+    tag = data[0]
+    if tag == "n":
+        return nodes[data[1]]
+    if tag in ("t", "l"):
+        items = [_value(v, nodes) for v in data[1]]
+        return tuple(items) if tag == "t" else items
+    if tag == "d":
+        return {k: _value(v, nodes) for k, v in data[1]}
+    if tag == "dtype":
+        dtype = getattr(torch, data[1], None)
+        if type(dtype) is not torch.dtype:
+            raise _Unrecordable(data)
+        return dtype
+    if tag == "slice":
+        return slice(*(_value(v, nodes) for v in data[1:]))
+    if tag == "...":
+        return Ellipsis
+    return _referenced(data)
+
+
+class _Book:
+    """Patterns the block of :func:`recorded_traces` replays (by function name) and records."""
+
+    def __init__(self, known: Mapping[str, Any]) -> None:
+        from .isolation import function_modes_active
+
+        self.known = known
+        self.traced: dict[str, Any] = {}
+        #: A torch function mode (``torch.device(...)`` entered, ``set_default_device``) may change
+        #: what a trace records (a factory's ``device=``): then nothing is replayed or recorded.
+        self.usable = not function_modes_active()
+
+    def replayed(self, fn: Callable[..., Any]) -> fx.Graph | None:
+        record = self.known.get(getattr(fn, "__name__", "")) if self.usable else None
+        return None if record is None else graph_from_record(record, fn)
+
+    def record(self, fn: Callable[..., Any], graph: fx.Graph) -> None:
+        self.traced[getattr(fn, "__name__", "")] = graph_record(graph) if self.usable else None
+
+
+_BOOK = threading.local()
+
+
+@contextlib.contextmanager
+def recorded_traces(known: Mapping[str, Any] | None) -> Iterator[dict[str, Any]]:
+    """Inside the block (on this thread), :func:`trace_pattern` takes the graph of a pattern
+    function whose ``__name__`` is a key of ``known`` from its :func:`graph_record` instead of
+    tracing it, when the record's functions, classes and constants are still what it names; a
+    pattern it traces is recorded in the dict the block gets (``None``: not recordable). Every
+    check of the pattern runs on the graph either way. The DSL's trace cache uses it for the
+    functions it generates (:func:`fxrewrite.dsl.parse_rules`)."""
+    previous = getattr(_BOOK, "value", None)
+    _BOOK.value = book = _Book(known or {})
+    try:
+        yield book.traced
+    finally:
+        _BOOK.value = previous
+
+
+def tracing_state() -> str:
+    """What besides a function decides its trace and can change while a process runs: the
+    functions and methods registered with ``torch.fx.wrap`` (by module and name)."""
+    from torch.fx import _symbolic_trace
+
+    functions = sorted(f"{g.get('__name__')}.{name}" for (_, name), g in _symbolic_trace._wrapped_fns_to_patch.items())
+    methods = sorted(f"{c.__module__}.{c.__qualname__}.{name}" for c, name in _symbolic_trace._wrapped_methods_to_patch)
+    return "|".join(functions) + "||" + "|".join(methods)

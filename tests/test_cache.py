@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 import fxrewrite._version
 from fxrewrite import RuleSyntaxError, _cache
@@ -223,3 +224,136 @@ def test_a_cold_process_loads_the_cached_library_without_lark(cache_home):
             for _ in range(2)]
     count = len(load_rules())
     assert [r.stdout.split() for r in runs] == [[str(count), "True"], [str(count), "False"]], runs[1].stderr
+
+
+# ---- traces of the patterns -------------------------------------------------------------------------
+
+
+def _graph_facts(graph) -> list:
+    """Everything a traced graph says (as tests/test_pattern.py compares the quick tracer's)."""
+    def plain(value):
+        return torch.fx.node.map_arg(value, lambda n: ("node", n.name))
+
+    nodes = [(n.op, n.name, n.target, plain(n.args), plain(n.kwargs), n.type, dict(n.meta)) for n in graph.nodes]
+    return [nodes, graph._co_fields, graph.python_code("self").src]
+
+
+def _counting_traces(monkeypatch) -> list:
+    from fxrewrite import pattern
+
+    traced = []
+    real = pattern._traced
+    monkeypatch.setattr(pattern, "_traced", lambda fn, *args: traced.append(fn.__name__) or real(fn, *args))
+    return traced
+
+
+def test_every_replayed_pattern_of_the_library_equals_a_fresh_trace(cache_home, monkeypatch):
+    """The trace cache against its slow twin (CACHED_TRACES = False: every pattern traced), on
+    every rule file of the library: the second load replays every pattern from the cache, and
+    each replayed graph equals a fresh trace, node by node, code fields and generated code."""
+    import fxrewrite.dsl
+
+    files = sorted(ROOT.glob("rules/*.fxr"))
+    assert files
+    traced = _counting_traces(monkeypatch)
+    for path in files:
+        cold = fxrewrite.parse_rules(path.read_text(), source=str(path), cached=True)
+        assert len(traced) == len(cold)
+        traced.clear()
+        warm = fxrewrite.parse_rules(path.read_text(), source=str(path), cached=True)
+        assert traced == [], f"{path.name}: {traced} traced although the cache holds their traces"
+        monkeypatch.setattr(fxrewrite.dsl, "CACHED_TRACES", False)
+        fresh = fxrewrite.parse_rules(path.read_text(), source=str(path), cached=True)
+        monkeypatch.setattr(fxrewrite.dsl, "CACHED_TRACES", True)
+        assert len(traced) == len(fresh) == len(warm)
+        traced.clear()
+        for replayed, traced_rule in zip(warm, fresh):
+            assert replayed.name == traced_rule.name
+            assert _graph_facts(replayed.compiled.graph) == _graph_facts(traced_rule.compiled.graph), replayed.name
+            assert replayed.compiled.anchor_key == traced_rule.compiled.anchor_key
+
+
+def test_a_trace_naming_a_function_replaced_since_is_traced_again(cache_home, monkeypatch):
+    text = "rule relu_relu:\n    torch.relu(torch.relu(x)) => torch.relu(x)\n"
+    fxrewrite.parse_rules(text, source="a.fxr", cached=True)
+    traced = _counting_traces(monkeypatch)
+    monkeypatch.setattr(torch, "relu", torch.sigmoid)  # torch.relu no longer names what the record names
+    rules = fxrewrite.parse_rules(text, source="a.fxr", cached=True)
+    assert traced == ["relu_relu_pattern"]
+    targets = [n.target for n in rules["relu_relu"].compiled.graph.nodes if n.op == "call_function"]
+    assert targets == [torch.sigmoid, torch.sigmoid]  # what a fresh trace records
+
+
+def test_with_names_or_under_a_function_mode_patterns_are_traced(cache_home, monkeypatch):
+    text = "rule neg_neg:\n    torch.neg(torch.neg(x)) => x\n"
+    fxrewrite.parse_rules(text, source="a.fxr", cached=True)
+    traced = _counting_traces(monkeypatch)
+    fxrewrite.parse_rules(text, source="a.fxr", cached=True, names={"unused": 1})
+    with torch.device("meta"):
+        fxrewrite.parse_rules(text, source="a.fxr", cached=True)
+    assert traced == ["neg_neg_pattern", "neg_neg_pattern"]
+
+
+def _trace_entry() -> Path:
+    return _cache.directory() / f"{_cache.trace_key(TEXT)}.traces"
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (lambda data: data[: len(data) // 2], "Error"),
+    (lambda data: b"fxrewrite-traces-1\n" + pickle.dumps(("k", print)), "plain data only, not builtins.print"),
+    (lambda data: b"fxrewrite-traces-1\n" + pickle.dumps(("0" * 64, TEXT, {})), "another key"),
+    (lambda data: data.replace(b"fxrewrite-traces-1", b"fxrewrite-traces-0"), "not an fxrewrite trace entry"),
+], ids=["truncated", "code", "stale key", "other format"])
+def test_a_damaged_trace_entry_is_ignored_and_the_patterns_traced(cache_home, caplog, monkeypatch, damage, reason):
+    fxrewrite.parse_rules(TEXT, source="a.fxr", cached=True)
+    path = _trace_entry()
+    path.write_bytes(damage(path.read_bytes()))
+    traced = _counting_traces(monkeypatch)
+    with caplog.at_level(logging.DEBUG, logger="fxrewrite._cache"):
+        rules = fxrewrite.parse_rules(TEXT, source="a.fxr", cached=True)
+    assert traced == ["double_neg_pattern"] and rules.names == ("double_neg",)
+    assert reason in caplog.text and "tracing a.fxr" in caplog.text
+    assert _cache.load_traces(TEXT, "a.fxr") is not None  # rewritten
+
+
+def test_the_trace_key_covers_the_tracer_sources_and_the_fx_wrapped_functions(monkeypatch):
+    from torch.fx import _symbolic_trace
+
+    before = _cache.trace_key(TEXT)
+    assert before != _cache.rule_file_key(TEXT)
+    assert {"pattern.py", "_torch.py", "dsl/compile.py", "dsl/scope.py"} <= set(_cache._TRACER_SOURCES)
+    monkeypatch.setitem(_symbolic_trace._wrapped_fns_to_patch, (0, "helper"), {"__name__": "mine"})
+    assert _cache.trace_key(TEXT) != before
+
+
+def test_a_graph_is_recorded_as_plain_data_and_rebuilt_equal():
+    from fxrewrite.pattern import graph_from_record, graph_record
+
+    def pattern(x, y, n: int):
+        return torch.cat([x[..., 1:n:2], y.to(torch.float16)], dim=-1).sum((0, 1), keepdim=True) * 0.5
+
+    graph = torch.fx.symbolic_trace(pattern).graph
+    record = graph_record(graph)
+    assert record is not None and pickle.loads(pickle.dumps(record)) == record
+    import io
+
+    assert _cache._PlainUnpickler(io.BytesIO(pickle.dumps(record))).load() == record  # builds no class
+    assert _graph_facts(graph_from_record(record, pattern))[0] == _graph_facts(graph)[0]
+
+
+def _graph_calling(target) -> torch.fx.Graph:
+    graph = torch.fx.Graph()
+    graph.output(graph.call_function(target, (graph.placeholder("x"),)))
+    return graph
+
+
+@pytest.mark.parametrize("graph", [
+    torch.fx.symbolic_trace(lambda x: x + torch.ones(2)).graph,  # a tensor constant (get_attr)
+    _graph_calling(lambda x: x),  # a function not found again by its module and name
+    _graph_calling(torch.Tensor.relu),  # a method
+], ids=["tensor", "lambda", "method"])
+def test_a_graph_holding_what_plain_data_cannot_name_is_not_recorded(graph):
+    from fxrewrite.pattern import graph_record
+
+    assert graph_record(graph) is None
+    assert graph_record(_graph_calling(torch.relu)) is not None

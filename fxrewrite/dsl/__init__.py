@@ -21,7 +21,7 @@ from .compile import compile_rules
 from .parse import parse
 from .scope import DEFAULT_NAMES, RESERVED_WORDS
 
-__all__ = ["DEFAULT_NAMES", "RESERVED_WORDS", "compile_rules", "parse", "parse_rules"]
+__all__ = ["CACHED_TRACES", "DEFAULT_NAMES", "RESERVED_WORDS", "compile_rules", "parse", "parse_rules"]
 
 
 def parse_rules(text: str, *, source: str = "<string>", names: Mapping[str, Any] | None = None,
@@ -40,4 +40,27 @@ def parse_rules(text: str, *, source: str = "<string>", names: Mapping[str, Any]
 
         raise RuleDefinitionError(f"parse_rules takes the text of a rule file (a str), got {type(text).__name__}.")
     text = text.removeprefix("\ufeff")  # a byte-order mark left by some editors
-    return compile_rules(parse(text, source=source, cached=cached), names=names)
+    parsed = parse(text, source=source, cached=cached)
+    if not (cached and names is None and CACHED_TRACES):
+        return compile_rules(parsed, names=names)
+    return _compile_with_cached_traces(parsed, text, source)
+
+
+#: ``parse_rules(..., cached=True)`` without ``names`` also takes the traces of the patterns from
+#: the cache (:func:`fxrewrite._cache.load_traces`). Its slow twin, ``False``, traces every
+#: pattern; ``tests/test_cache.py`` checks that both give the same graphs for the library.
+CACHED_TRACES = True
+
+
+def _compile_with_cached_traces(parsed: Any, text: str, source: str) -> RuleSet:
+    """Compile ``parsed`` with the patterns' graphs replayed from the cache where it has them,
+    and cache the traces when it had none (every rule was built, so every trace succeeded)."""
+    from .. import _cache
+    from ..pattern import recorded_traces
+
+    known = _cache.load_traces(text, source)
+    with recorded_traces(known) as traced:
+        rules = compile_rules(parsed)
+    if known is None:
+        _cache.store_traces(text, traced)
+    return rules
