@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 __all__ = ["CapturedModules", "ModuleWrite", "written_positions"]
 
 _UNKNOWN = object()
+_SWAPPED = "its .data was replaced"
 
 
 class ModuleWrite(Exception):
@@ -31,20 +32,23 @@ class _TensorState:
     """A captured parameter or buffer as it was: its version counter, and an alias of its data
     (no copy) that puts back a swapped ``.data``, with that data's storage, shape and dtype."""
 
-    __slots__ = ("data", "dtype", "label", "shape", "storage", "tensor", "version")
+    __slots__ = ("address", "data", "dtype", "label", "shape", "storage", "stride", "tensor", "version")
 
     def __init__(self, label: str, tensor: torch.Tensor) -> None:
         self.label, self.tensor, self.version = label, tensor, tensor._version
         self.data = tensor.data
-        self.storage, self.shape, self.dtype = _storage(tensor), tensor.shape, tensor.dtype
+        self.storage, self.address = _storage(tensor), _address(tensor)
+        self.shape, self.stride, self.dtype = tensor.shape, tensor.stride(), tensor.dtype
 
     def changed(self) -> str | None:
-        """How the tensor changed since, or ``None``."""
+        """How the tensor changed since, or ``None``. A swapped ``.data`` shows in the address
+        of its first element, its shape, strides or dtype (also an alias of the same storage
+        seen another way, which the storage's address alone would not show)."""
         t = self.tensor
         if t._version != self.version:
             return "written in place (its version counter changed)"
-        if _storage(t) != self.storage or t.shape != self.shape or t.dtype != self.dtype:
-            return "its .data was replaced"
+        if _address(t) != self.address or t.shape != self.shape or t.stride() != self.stride or t.dtype != self.dtype:
+            return _SWAPPED
         return None
 
 
@@ -157,9 +161,17 @@ class CapturedModules(TorchDispatchMode):
         for m in self.modules:
             m.undo()
         for state in self.tensors:
-            if _storage(state.tensor) != state.storage or state.tensor.shape != state.shape:
+            if state.changed() == _SWAPPED:
                 with torch.no_grad():
                     state.tensor.data = state.data
+
+
+def _address(t: torch.Tensor) -> int:
+    """The address of a tensor's first element (0 when it has none: fake and meta tensors)."""
+    try:
+        return int(t.data_ptr())
+    except Exception:
+        return 0
 
 
 def _storage(t: Any) -> int:

@@ -230,8 +230,13 @@ class _ReplacementTracer(fx.Tracer):
             return self.create_proxy("call_module", path, args, kwargs)
         # the node torch.fx's create_proxy would record (its ATen spelling never applies to
         # call_module), built directly as a replayed node is
+        if not kwargs and all(isinstance(a, fx.Proxy) for a in args):  # what create_arg makes of them
+            node_args: Any = tuple(a.node for a in args)
+            node_kwargs: Any = {}
+        else:
+            node_args, node_kwargs = self.create_arg(args), self.create_arg(kwargs)
         node = add_node(self.graph, fresh_node_name(self.graph, node_name_base(self.graph, path)), "call_module",
-                        path, self.create_arg(args), self.create_arg(kwargs), meta=self._node_meta)
+                        path, node_args, node_kwargs, meta=self._node_meta)
         self.created.append(node)
         if self.annotate:
             propagate_values(self.root_module, [node])

@@ -69,6 +69,10 @@ def _swap_data(conv, bn):
     conv.weight.data = torch.zeros(2, 2, 1, 1)
 
 
+def _transpose_data(conv, bn):
+    conv.weight.data = conv.weight.data.view(2, 2).t().reshape(2, 2, 1, 1)  # the same storage, seen transposed
+
+
 def _set_attribute(conv, bn):
     bn.eps = 1.0
 
@@ -84,18 +88,24 @@ def _add_submodule(conv, bn):
 @pytest.mark.parametrize(("change", "label", "how"), [
     (_reassign_weight, "conv.weight", "reassigned"),
     (_swap_data, "conv.weight", "its .data was replaced"),
+    (_transpose_data, "conv.weight", "its .data was replaced"),
     (_set_attribute, "bn.eps", "reassigned"),
     (_drop_buffer, "bn.running_var", "reassigned"),
     (_add_submodule, "conv.extra", "reassigned"),
 ])
 def test_check_names_the_change_and_undo_puts_the_module_back(change, label, how):
     conv, bn, guard = _captured()
-    state = (dict(conv._parameters), dict(bn._buffers), dict(conv._modules), bn.eps, conv.weight.data.data_ptr())
+    state = (dict(conv._parameters), dict(bn._buffers), dict(conv._modules), bn.eps, _geometry(conv.weight),
+             _geometry(bn.running_mean))
     change(conv, bn)
     with pytest.raises(ModuleWrite) as info:
         guard.check()
     assert (info.value.label, info.value.how) == (label, how)
     guard.undo()
     guard.check()
-    assert state == (dict(conv._parameters), dict(bn._buffers), dict(conv._modules), bn.eps,
-                     conv.weight.data.data_ptr())
+    assert state == (dict(conv._parameters), dict(bn._buffers), dict(conv._modules), bn.eps, _geometry(conv.weight),
+                     _geometry(bn.running_mean))
+
+
+def _geometry(t):
+    return t.data_ptr(), t.untyped_storage().data_ptr(), t.shape, t.stride()
