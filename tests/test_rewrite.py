@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import importlib
 import itertools
 import math
 import operator
@@ -916,3 +917,53 @@ def test_a_detach_in_place_writes_no_value_and_refuses_nothing():
     result = rewrite(program, neg_neg(lambda x: x))
     assert result.report.applied["neg_neg"] == 1
     assert_rewrite_sound(program, result, x)
+
+
+# -- the sweep of unused submodules and its slow twin (fx's delete_all_unused_submodules) ---------
+
+rewrite_module = importlib.import_module("fxrewrite.rewrite")  # the package's ``rewrite`` is the function
+
+
+def _sweep_graph_module() -> fx.GraphModule:
+    """Submodules used every way fx counts (called, read through, above and below a called one)
+    and unused ones at every depth."""
+    root = torch.nn.Module()
+    root.used = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Sequential(torch.nn.ReLU()))
+    root.unused = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    root.holder = torch.nn.Module()
+    root.holder.read = torch.nn.Linear(2, 2)
+    root.holder.dead = torch.nn.ReLU()
+    root.holder.deeper = torch.nn.Module()
+    root.holder.deeper.dead_too = torch.nn.Tanh()
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    y = graph.call_module("used", (x,))
+    w = graph.get_attr("holder.read.weight")
+    z = graph.call_function(torch.matmul, (y, w))
+    out = graph.output(z)
+    gm = fx.GraphModule(root, graph)
+    with gm.graph.inserting_before(out):  # a call of a module that does not exist (fx skips it)
+        out.args = (gm.graph.create_node("call_module", "missing.module", (z,)),)
+    return gm
+
+
+@pytest.mark.parametrize("make", [_sweep_graph_module, lambda: fx.symbolic_trace(
+    torch.nn.Sequential(torch.nn.Conv2d(2, 2, 1), torch.nn.BatchNorm2d(2), torch.nn.Sequential(torch.nn.ReLU())))])
+def test_the_unused_submodule_sweep_deletes_what_fx_s_deletes(make):
+    fast, slow = make(), make()
+    rewrite_module._delete_unused_submodules(fast)
+    slow.delete_all_unused_submodules()
+    assert [name for name, _ in fast.named_modules()] == [name for name, _ in slow.named_modules()]
+    if make is _sweep_graph_module:
+        assert {name for name, _ in fast.named_modules()} == {"", "used", "used.0", "used.1", "used.1.0", "holder",
+                                                             "holder.read"}
+
+
+def test_a_rewrite_leaves_the_same_module_with_either_sweep(monkeypatch):
+    model = torch.nn.Sequential(torch.nn.Conv2d(2, 2, 1), torch.nn.BatchNorm2d(2), torch.nn.ReLU()).eval()
+    fast = rewrite(model, standard_rules()).module
+    monkeypatch.setattr(rewrite_module, "FAST_SUBMODULE_SWEEP", False)
+    slow = rewrite(model, standard_rules()).module
+    assert [n for n, _ in fast.named_modules()] == [n for n, _ in slow.named_modules()] and fast.code == slow.code
+    x = torch.randn(1, 2, 3, 3)
+    torch.testing.assert_close(fast(x), model(x))
