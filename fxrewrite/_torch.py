@@ -19,7 +19,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -63,6 +63,7 @@ __all__ = [
     "is_opaque_value_type",
     "node_name_base",
     "node_position",
+    "nodes_side_table",
     "python_code_replaced",
     "reparametrized",
     "set_code_fields",
@@ -85,6 +86,11 @@ def node_position(node: Node) -> Any:
 def is_erased(node: Node) -> bool:
     """True once ``graph.erase_node(node)`` removed it."""
     return bool(node._erased)
+
+
+def nodes_side_table(graph: fx.Graph) -> Collection[Node]:
+    """The side table ``graph.find_nodes`` looks nodes up in (``node in table``: is it filed there)."""
+    return graph._find_nodes_lookup_table  # type: ignore[return-value]
 
 
 def node_name_base(graph: fx.Graph, target: Any) -> str:

@@ -967,3 +967,66 @@ def test_a_rewrite_leaves_the_same_module_with_either_sweep(monkeypatch):
     assert [n for n, _ in fast.named_modules()] == [n for n, _ in slow.named_modules()] and fast.code == slow.code
     x = torch.randn(1, 2, 3, 3)
     torch.testing.assert_close(fast(x), model(x))
+
+
+# -- the fast lint and its slow twin (fx's Graph.lint) ----------------------------------------------
+
+
+def _broken_graphs() -> dict[str, fx.GraphModule]:
+    """One graph module per check of fx's lint, each failing it."""
+    def fresh() -> tuple[fx.GraphModule, list[fx.Node]]:
+        root = torch.nn.Module()
+        root.lin = torch.nn.Linear(2, 2)
+        gm = fx.symbolic_trace(lambda x: torch.relu(x) + 1)
+        gm.lin = root.lin
+        return gm, list(gm.graph.nodes)
+
+    broken = {}
+    gm, (x, relu, add, out) = fresh()
+    relu.op = "call_nothing"
+    broken["opcode"] = gm
+    gm, (x, relu, add, out) = fresh()
+    gm.graph._find_nodes_lookup_table.remove(relu)
+    broken["side table"] = gm
+    gm, (x, relu, add, out) = fresh()
+    other = fx.Graph().placeholder("y")
+    relu.args = (other,)
+    broken["foreign argument"] = gm
+    gm, (x, relu, add, out) = fresh()
+    add.append(relu)  # relu now after its user
+    broken["order"] = gm
+    gm, (x, relu, add, out) = fresh()
+    add.name = "relu"
+    broken["name"] = gm
+    gm, (x, relu, add, out) = fresh()
+    object.__setattr__(relu, "target", "not callable")
+    broken["call_function target"] = gm
+    gm, (x, relu, add, out) = fresh()
+    with gm.graph.inserting_before(out):
+        gm.graph.create_node("get_attr", "lin.nothing")
+    broken["get_attr path"] = gm
+    gm, (x, relu, add, out) = fresh()
+    with gm.graph.inserting_before(out):
+        gm.graph.create_node("call_module", "lin.weight", (x,))
+    broken["call_module of a tensor"] = gm
+    gm, (x, relu, add, out) = fresh()
+    object.__setattr__(x, "target", 3)
+    broken["placeholder target"] = gm
+    return broken
+
+
+@pytest.mark.parametrize("what", sorted(_broken_graphs()))
+def test_every_graph_fx_lint_rejects_fails_the_fast_check(what):
+    gm = _broken_graphs()[what]
+    with pytest.raises(Exception):  # noqa: B017 - fx's own error, whatever its type
+        gm.graph.lint()
+    assert not rewrite_module._lint_passes(gm.graph)
+
+
+def test_the_fast_check_passes_what_fx_lint_passes_on_the_shipped_cases():
+    from test_stdlib import CASES, LIBRARY  # tests/ is on sys.path
+
+    for _, case in sorted(CASES.items())[:6]:
+        gm = rewrite(case.model(), LIBRARY).module
+        gm.graph.lint()
+        assert rewrite_module._lint_passes(gm.graph)
