@@ -216,6 +216,7 @@ def test_causal_rule_needs_shapes(ex03):
     assert_rewrite_sound(model, result, ex03.tokens_for(model))
 
 
+@pytest.mark.slow  # 0.8-1.0 s of CPU: over the one-second rule on a loaded machine
 def test_transformer_encoder_default_rules_remove_dropout_and_leave_attention(ex03, library):
     results = ex03.rewrite_transformer_encoder(library)  # checks lint and numbers itself
     traced, exported = fired(results["symbolic_trace"]), fired(results["torch.export"])
