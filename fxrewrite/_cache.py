@@ -21,7 +21,10 @@ The traces of a file's patterns are cached beside (:func:`load_traces`, :func:`s
 the graph of each pattern the DSL generated, as plain data (:func:`fxrewrite.pattern.graph_record`),
 under a key that adds to the parse key the sources that turn a parse into traced functions
 (``dsl/compile.py``, ``dsl/scope.py``, ``dsl/__init__.py``, ``pattern.py``, ``_torch.py``) and the
-functions registered with ``torch.fx.wrap``. An entry is plain data (its unpickler builds no class
+functions registered with ``torch.fx.wrap``. The Python rule files of the *shipped library* get
+the same (:func:`fxrewrite.loader.load_rules`), keyed also by the text of the file and of the
+helper files beside it (``_*.py``); a user's Python rule file is always traced (what it imports
+is not known, and no test compares its traces). An entry is plain data (its unpickler builds no class
 at all); a replayed graph names its functions by module and name, each looked up again and
 refused when it is no longer what it was (then the pattern is traced). Every other check of a
 rule runs on a replayed graph; ``tests/test_cache.py`` checks that every replayed graph of the
@@ -229,28 +232,29 @@ def _prune(folder: Path, suffix: str = _SUFFIX) -> None:
 
 # ---- traces of the patterns of a rule file ----------------------------------------------------------
 
-_TRACE_FORMAT = b"fxrewrite-traces-1\n"
+_TRACE_FORMAT = b"fxrewrite-traces-2\n"
 _TRACE_SUFFIX = ".traces"
 _TRACER_SOURCES = ("dsl/__init__.py", "dsl/compile.py", "dsl/scope.py", "pattern.py", "_torch.py")
 
 
-def trace_key(text: str) -> str:
-    """The key of the traces of the patterns of ``text``: see the module docstring."""
+def trace_key(text: str, beside: bytes = b"") -> str:
+    """The key of the traces of the patterns of ``text`` (and of the files ``beside`` it holds:
+    a Python rule file's helpers): see the module docstring."""
     from .pattern import tracing_state
 
     digest = hashlib.sha256(_environment_fingerprint().encode() + b"\0" + _tracer_fingerprint().encode())
-    digest.update(b"\0" + tracing_state().encode() + b"\0")
+    digest.update(b"\0" + tracing_state().encode() + b"\0" + hashlib.sha256(beside).digest())
     digest.update(text.encode("utf-8", "surrogatepass"))
     return digest.hexdigest()
 
 
-def load_traces(text: str, source: str) -> dict[str, Any] | None:
-    """The recorded traces of the patterns of ``text`` (pattern function name -> record), or
-    ``None`` when there are none to trust (the reason is logged at debug level)."""
+def load_traces(text: str, source: str, beside: bytes = b"") -> dict[str, Any] | None:
+    """The recorded traces of the patterns of ``text`` (see :func:`fxrewrite.pattern.recorded_traces`),
+    or ``None`` when there are none to trust (the reason is logged at debug level)."""
     folder = directory()
     if folder is None:
         return None
-    key = trace_key(text)
+    key = trace_key(text, beside)
     path = folder / f"{key}{_TRACE_SUFFIX}"
     try:
         data = path.read_bytes()
@@ -268,13 +272,13 @@ def load_traces(text: str, source: str) -> dict[str, Any] | None:
     return entry[2]
 
 
-def store_traces(text: str, traces: dict[str, Any]) -> None:
+def store_traces(text: str, traces: dict[str, Any], beside: bytes = b"") -> None:
     """Cache the recorded traces of the patterns of ``text`` (no-op when the cache is off or
     not writable, or when a trace could not be recorded)."""
     folder = directory()
     if folder is None or not traces or any(record is None for record in traces.values()):
         return
-    key = trace_key(text)
+    key = trace_key(text, beside)
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         data = _TRACE_FORMAT + pickle.dumps((key, text, traces), protocol=pickle.HIGHEST_PROTOCOL)

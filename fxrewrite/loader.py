@@ -172,7 +172,34 @@ def _load_file(path: Path, names: Mapping[str, Any] | None) -> Iterable[Rule]:
         except (OSError, UnicodeDecodeError) as exc:
             raise RuleLoadError(f"cannot read rule file '{path}': {exc}") from exc
         return parse_rules(text, source=str(path), names=names, cached=True)
+    if CACHED_LIBRARY_TRACES and path.parent.resolve() == standard_rules_dir().resolve():
+        return _library_rules_with_cached_traces(path)
     return _rules_of_module(_import(path), path)
+
+
+#: The shipped library's Python rule files take their patterns' traces from the cache
+#: (:mod:`fxrewrite._cache`; keyed by the file's text and its helpers' beside it). Its slow twin,
+#: ``False``, traces every pattern; ``tests/test_cache.py`` checks that both give the same graphs.
+CACHED_LIBRARY_TRACES = True
+
+
+def _library_rules_with_cached_traces(path: Path) -> list[Rule]:
+    """The rules of a Python file of the shipped library, its patterns' graphs replayed from the
+    cache where it has them (every other check run); the traces cached when it had none."""
+    from . import _cache
+    from .pattern import recorded_traces
+
+    try:
+        text = path.read_text(encoding="utf-8")
+        beside = b"".join(p.name.encode() + b"\0" + p.read_bytes() for p in sorted(path.parent.glob("_*.py")))
+    except (OSError, UnicodeDecodeError):
+        return list(_rules_of_module(_import(path), path))
+    known = _cache.load_traces(text, str(path), beside)
+    with recorded_traces(known) as traced:
+        rules = list(_rules_of_module(_import(path), path))
+    if known is None:
+        _cache.store_traces(text, traced, beside)
+    return rules
 
 
 def _unique(groups: Iterable[Iterable[Rule]]) -> list[Rule]:

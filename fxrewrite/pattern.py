@@ -323,11 +323,11 @@ def trace_pattern(fn: Callable[..., Any], *, rule_name: str, origin: str) -> Pat
     where = f"rule '{rule_name}' ({origin})"
     params = signature_params(fn, where=where, role="pattern")
     book: _Book | None = getattr(_BOOK, "value", None)
-    graph = book.replayed(fn) if book is not None else None
+    graph = book.replayed(rule_name, fn) if book is not None else None
     if graph is None:
         graph = _traced(fn, params, where)
         if book is not None:
-            book.record(fn, graph)
+            book.record(rule_name, fn, graph)
     return pattern_from_graph(graph, params, where=where)
 
 
@@ -610,24 +610,26 @@ class _Unrecordable(Exception):
 
 def graph_record(graph: fx.Graph) -> tuple[Any, ...] | None:
     """A freshly traced pattern ``graph`` as plain data (tuples, lists, strings, numbers: what a
-    pickle holds without naming any class), one ``(op, name, target, args, kwargs, type)`` a node;
-    ``None`` when the graph holds what plain data cannot name: node metadata, a ``get_attr`` (a
+    pickle holds without naming any class), one ``(op, name, target, args, kwargs, type, meta)`` a
+    node; ``None`` when the graph holds what plain data cannot name: metadata other than numbers
+    and strings (fx marks an autowrapped call ``is_wrapped``), a ``get_attr`` (a
     tensor constant), or a function, class or constant not found again under its module and name
     (a method, a lambda).
 
     >>> g = fx.symbolic_trace(lambda x: torch.relu(x) * 2.0).graph
     >>> graph_record(g)[1]
-    ('call_function', 'relu', ('ref', 'torch', 'relu'), ('t', [('n', 0)]), ('d', []), None)
+    ('call_function', 'relu', ('ref', 'torch', 'relu'), ('t', [('n', 0)]), ('d', []), None, [])
     """
     index: dict[Node, int] = {}
     nodes = []
     try:
         for n in graph.nodes:
-            if n.meta or n.op == "get_attr":  # a get_attr's value lives on the tracer's root, not in the graph
-                return None
+            if n.op == "get_attr" or any(type(v) not in _SCALARS for v in n.meta.values()):
+                return None  # a get_attr's value lives on the tracer's root; metadata beyond fx's is_wrapped flag
             target = n.target if isinstance(n.target, str) else _reference(n.target)
             type_ = n.type if n.type is None or isinstance(n.type, str) else _reference(n.type)  # str: unevaluated
-            nodes.append((n.op, n.name, target, _data(n.args, index), _data(n.kwargs, index), type_))
+            nodes.append((n.op, n.name, target, _data(n.args, index), _data(n.kwargs, index), type_,
+                          sorted(n.meta.items())))
             index[n] = len(index)
     except _Unrecordable:
         return None
@@ -642,12 +644,13 @@ def graph_from_record(record: tuple[Any, ...], fn: Callable[..., Any]) -> fx.Gra
     set_code_fields(graph, fn)
     nodes: list[Node] = []
     try:
-        for op, name, target, args, kwargs, type_ in record:
+        for op, name, target, args, kwargs, type_, meta in record:
             target = target if isinstance(target, str) else _referenced(target)
             type_ = type_ if type_ is None or isinstance(type_, str) else _referenced(type_)
             node = graph.create_node(op, target, _value(args, nodes), _value(kwargs, nodes), name, type_)
             if node.name != name:
                 return None
+            node.meta.update(meta)
             nodes.append(node)
     except (_Unrecordable, TypeError, ValueError, IndexError):
         return None
@@ -728,23 +731,37 @@ def _value(data: Any, nodes: list[Node]) -> Any:
 
 
 class _Book:
-    """Patterns the block of :func:`recorded_traces` replays (by function name) and records."""
+    """Patterns the block of :func:`recorded_traces` replays and records, by :meth:`key`."""
 
     def __init__(self, known: Mapping[str, Any]) -> None:
         from .isolation import function_modes_active
 
         self.known = known
         self.traced: dict[str, Any] = {}
+        self._seen: set[str] = set()
         #: A torch function mode (``torch.device(...)`` entered, ``set_default_device``) may change
         #: what a trace records (a factory's ``device=``): then nothing is replayed or recorded.
         self.usable = not function_modes_active()
 
-    def replayed(self, fn: Callable[..., Any]) -> fx.Graph | None:
-        record = self.known.get(getattr(fn, "__name__", "")) if self.usable else None
-        return None if record is None else graph_from_record(record, fn)
+    @staticmethod
+    def key(rule_name: str, fn: Callable[..., Any]) -> str:
+        """The rule's name, and the pattern function's name and first line (its file's text is
+        in the cache key): two patterns with one key are neither replayed nor recorded."""
+        code = getattr(fn, "__code__", None)
+        return f"{rule_name}|{getattr(fn, '__qualname__', '')}|{getattr(code, 'co_firstlineno', '')}"
 
-    def record(self, fn: Callable[..., Any], graph: fx.Graph) -> None:
-        self.traced[getattr(fn, "__name__", "")] = graph_record(graph) if self.usable else None
+    def replayed(self, rule_name: str, fn: Callable[..., Any]) -> fx.Graph | None:
+        key = self.key(rule_name, fn)
+        record = self.known.get(key) if self.usable and key not in self._seen else None
+        graph = None if record is None else graph_from_record(record, fn)
+        if graph is not None:
+            self._seen.add(key)
+        return graph
+
+    def record(self, rule_name: str, fn: Callable[..., Any], graph: fx.Graph) -> None:
+        key = self.key(rule_name, fn)
+        self.traced[key] = graph_record(graph) if self.usable and key not in self._seen else None
+        self._seen.add(key)
 
 
 _BOOK = threading.local()
@@ -752,12 +769,13 @@ _BOOK = threading.local()
 
 @contextlib.contextmanager
 def recorded_traces(known: Mapping[str, Any] | None) -> Iterator[dict[str, Any]]:
-    """Inside the block (on this thread), :func:`trace_pattern` takes the graph of a pattern
-    function whose ``__name__`` is a key of ``known`` from its :func:`graph_record` instead of
+    """Inside the block (on this thread), :func:`trace_pattern` takes the graph of a rule's
+    pattern whose :meth:`_Book.key` is a key of ``known`` from its :func:`graph_record` instead of
     tracing it, when the record's functions, classes and constants are still what it names; a
     pattern it traces is recorded in the dict the block gets (``None``: not recordable). Every
-    check of the pattern runs on the graph either way. The DSL's trace cache uses it for the
-    functions it generates (:func:`fxrewrite.dsl.parse_rules`)."""
+    check of the pattern runs on the graph either way. The trace cache uses it for the patterns
+    of a ``.fxr`` file (:func:`fxrewrite.dsl.parse_rules`) and of the shipped library's Python
+    rule files (:func:`fxrewrite.loader.load_rules`)."""
     previous = getattr(_BOOK, "value", None)
     _BOOK.value = book = _Book(known or {})
     try:

@@ -300,9 +300,9 @@ def _trace_entry() -> Path:
 
 @pytest.mark.parametrize("damage, reason", [
     (lambda data: data[: len(data) // 2], "Error"),
-    (lambda data: b"fxrewrite-traces-1\n" + pickle.dumps(("k", print)), "plain data only, not builtins.print"),
-    (lambda data: b"fxrewrite-traces-1\n" + pickle.dumps(("0" * 64, TEXT, {})), "another key"),
-    (lambda data: data.replace(b"fxrewrite-traces-1", b"fxrewrite-traces-0"), "not an fxrewrite trace entry"),
+    (lambda data: b"fxrewrite-traces-2\n" + pickle.dumps(("k", print)), "plain data only, not builtins.print"),
+    (lambda data: b"fxrewrite-traces-2\n" + pickle.dumps(("0" * 64, TEXT, {})), "another key"),
+    (lambda data: data.replace(b"fxrewrite-traces-2", b"fxrewrite-traces-1"), "not an fxrewrite trace entry"),
 ], ids=["truncated", "code", "stale key", "other format"])
 def test_a_damaged_trace_entry_is_ignored_and_the_patterns_traced(cache_home, caplog, monkeypatch, damage, reason):
     fxrewrite.parse_rules(TEXT, source="a.fxr", cached=True)
@@ -357,3 +357,68 @@ def test_a_graph_holding_what_plain_data_cannot_name_is_not_recorded(graph):
 
     assert graph_record(graph) is None
     assert graph_record(_graph_calling(torch.relu)) is not None
+
+
+@pytest.mark.slow  # loads the library three times: 1.5 s
+def test_every_replayed_pattern_of_the_library_python_files_equals_a_fresh_trace(cache_home, monkeypatch):
+    """The library's trace cache (Python rule files and .fxr files) against its slow twins
+    (CACHED_LIBRARY_TRACES, CACHED_TRACES = False): the second load traces nothing, and every
+    replayed graph equals a fresh trace."""
+    import fxrewrite.dsl
+    import fxrewrite.loader
+
+    traced = _counting_traces(monkeypatch)
+    cold = load_rules()
+    assert len(traced) == len(cold)
+    traced.clear()
+    warm = load_rules()
+    assert traced == []
+    monkeypatch.setattr(fxrewrite.loader, "CACHED_LIBRARY_TRACES", False)
+    monkeypatch.setattr(fxrewrite.dsl, "CACHED_TRACES", False)
+    fresh = load_rules()
+    assert len(traced) == len(fresh) == len(warm)
+    for replayed, traced_rule in zip(warm, fresh):
+        assert (replayed.name, replayed.origin) == (traced_rule.name, traced_rule.origin)
+        assert _graph_facts(replayed.compiled.graph) == _graph_facts(traced_rule.compiled.graph), replayed.name
+        assert replayed.compiled.anchor_key == traced_rule.compiled.anchor_key
+
+
+_LIBRARY_FILE = '''
+import torch
+import fxrewrite
+from _helpers_of_a_test import double
+
+neg_twice = fxrewrite.Rule.from_functions(lambda x: double(x), lambda x: x, name="neg_twice")
+'''
+
+
+def test_a_library_python_file_is_replayed_until_it_or_a_helper_beside_it_changes(cache_home, monkeypatch, tmp_path):
+    import fxrewrite.loader
+
+    library = tmp_path / "library"
+    library.mkdir()
+    (library / "pairs.py").write_text(_LIBRARY_FILE)
+    helper = library / "_helpers_of_a_test.py"
+    helper.write_text("import torch\ndef double(x):\n    return torch.neg(torch.neg(x))\n")
+    monkeypatch.setattr(fxrewrite.loader, "standard_rules_dir", lambda package=None: library)
+    traced = _counting_traces(monkeypatch)
+    load_rules(library)
+    load_rules(library)
+    assert len(traced) == 1  # the second load replayed the pattern
+    helper.write_text("import torch\ndef double(x):\n    return torch.abs(torch.neg(x))\n")
+    sys.modules.pop("_helpers_of_a_test", None)
+    rules = load_rules(library)
+    assert len(traced) == 2  # the helper changed: the key changed, the pattern was traced
+    assert [n.target for n in rules["neg_twice"].compiled.graph.nodes if n.op == "call_function"] == [
+        torch.neg, torch.abs]
+    sys.modules.pop("_helpers_of_a_test", None)
+
+
+def test_a_python_rule_file_outside_the_library_is_always_traced(cache_home, monkeypatch, tmp_path):
+    path = tmp_path / "mine.py"
+    path.write_text("import torch\nimport fxrewrite\n"
+                    "r = fxrewrite.Rule.from_functions(lambda x: torch.neg(torch.neg(x)), lambda x: x, name='r')\n")
+    traced = _counting_traces(monkeypatch)
+    load_rules(path)
+    load_rules(path)
+    assert len(traced) == 2
