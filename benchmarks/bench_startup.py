@@ -14,9 +14,11 @@ Each figure is the median over fresh Python processes, each timing (wall clock a
   the import of the fxrewrite modules it needs (``loader``, ``rule``, ``pattern``, ``canon``,
   ``dsl`` ...); and, inside it, the ``load_rules()`` call alone.
 
-Rows: the parse cache off (``FXREWRITE_CACHE=0``: every ``.fxr`` file parsed, lark imported),
-the cache cold (an empty cache directory: parsed and cached), and the cache warm (the target's
-case, "no ``.fxr`` parse needed"). Every row builds every rule: patterns traced, every check run.
+Rows: the cache off (``FXREWRITE_CACHE=0``: every ``.fxr`` file parsed, lark imported, every
+pattern traced), the cache cold (an empty cache directory: parsed, traced and cached), and the
+cache warm (the target's case, "no ``.fxr`` parse needed": the parses and the library's pattern
+traces come from the cache, see :mod:`fxrewrite._cache`). Every row builds every rule and runs
+every check of it and of its pattern's graph.
 
 Python's bytecode cache is on for the measured processes (a temporary ``PYTHONPYCACHEPREFIX``,
 primed by one unmeasured run), as it is for an installed package, even where the environment sets
