@@ -200,3 +200,20 @@ def test_a_match_on_a_copy_of_the_pattern_binds_the_copies_and_the_literal_value
     m = Match.on_copy(pattern, copies, {"s": 2.0})
     assert m.bindings["x"] is copies[pattern.placeholders["x"]] and m["s"] == 2.0
     assert m.anchor is copies[pattern.anchor] and [n.target for n in m.nodes] == [torch.relu, operator.mul]
+
+
+def test_a_tensor_view_without_metadata_raises_a_metadata_error_that_says_what_to_do():
+    import pickle
+
+    from fxrewrite.errors import MetadataError
+    from fxrewrite.match import TensorView
+
+    gm = fx.symbolic_trace(lambda a: torch.relu(a))
+    relu = node(gm, "relu")
+    with pytest.raises(MetadataError, match=r"node 'relu' \(%relu .*\) carries no shape/dtype metadata. Pass "
+                                            r"example_inputs="):
+        _ = TensorView(relu).dtype
+    with pytest.raises(MetadataError) as raised:
+        _ = TensorView(relu).shape
+    copy = pickle.loads(pickle.dumps(raised.value))  # written when read, pickled as the plain error
+    assert type(copy) is MetadataError and str(copy) == str(raised.value) and "relu" in repr(raised.value)

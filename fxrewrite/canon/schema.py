@@ -49,7 +49,9 @@ def canonical_arguments(op: str, target: Any, args: tuple[Any, ...],
     found = aten_overload(op, target, args, kwargs)
     if found is None:
         return None
-    ignored = IGNORED_ARGUMENTS.get(canonical_name(op, target) or "", frozenset())
+    ignored = IGNORED_ARGUMENTS.get(canonical_name(op, target) or "")
+    if ignored is None:
+        return found[1]  # a dict of its own already (bound for this call)
     return {k: v for k, v in found[1].items() if k not in ignored}
 
 
