@@ -422,3 +422,26 @@ def test_a_python_rule_file_outside_the_library_is_always_traced(cache_home, mon
     load_rules(path)
     load_rules(path)
     assert len(traced) == 2
+
+
+def test_a_replayed_pattern_is_checked_as_a_traced_one(cache_home, monkeypatch):
+    """Only the trace is replayed: the checks of the graph (pattern_from_graph's) and of the
+    rule run on a replayed graph, and what they refuse is refused with the same error."""
+    import fxrewrite.dsl
+    from fxrewrite import pattern
+
+    fxrewrite.parse_rules(TEXT, source="a.fxr", cached=True)  # traces cached
+    traced = _counting_traces(monkeypatch)
+
+    def refuse(graph, param_of, outputs, where, fx_style):
+        raise fxrewrite.RuleDefinitionError(f"{where}: refused by the test")
+
+    monkeypatch.setattr(pattern, "_check_nodes", refuse)
+    errors = []
+    for cached_traces in (True, False):
+        monkeypatch.setattr(fxrewrite.dsl, "CACHED_TRACES", cached_traces)
+        with pytest.raises(fxrewrite.RuleDefinitionError, match="refused by the test") as info:
+            fxrewrite.parse_rules(TEXT, source="a.fxr", cached=True)
+        errors.append(str(info.value))
+    assert traced == ["double_neg_pattern"]  # replayed first, traced second
+    assert errors[0] == errors[1]
