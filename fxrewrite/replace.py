@@ -10,6 +10,15 @@ The splice is a transaction: if the replacement raises, or returns something unu
 node, submodule and buffer it created is removed again and :class:`RewriteError` is raised,
 naming the rule, its origin and the graph node. Only then are uses rewired and the matched
 nodes erased.
+
+How module calls are recorded is :mod:`fxrewrite._module_calls`; the guard that keeps a
+replacement from changing the modules its match captured is :mod:`fxrewrite._captured`. A
+replacement that depends on nothing but its arguments is called twice, then replayed from the
+graph it recorded (:class:`_Template`). Fast paths and their slow twins (module flags, each with
+a differential test): :data:`REPLAY` (call every time), :data:`FLAT_REPLAY` (fill a replayed
+node's arguments with torch.fx's ``map_aggregate``), :data:`DIRECT_MODULE_CALLS` (record a
+module call with torch.fx's ``create_proxy``), and ``PATCH_ALWAYS`` / ``PATCH_DUNDER_CALL`` in
+:mod:`fxrewrite._module_calls`.
 """
 
 from __future__ import annotations
