@@ -30,14 +30,15 @@ class ModuleWrite(Exception):
 
 class _TensorState:
     """A captured parameter or buffer as it was: its version counter, and an alias of its data
-    (no copy) that puts back a swapped ``.data``, with that data's storage, shape and dtype."""
+    (no copy) that puts back a swapped ``.data``, with the address of its first element, its
+    shape, strides and dtype."""
 
-    __slots__ = ("address", "data", "dtype", "label", "shape", "storage", "stride", "tensor", "version")
+    __slots__ = ("address", "data", "dtype", "label", "shape", "stride", "tensor", "version")
 
     def __init__(self, label: str, tensor: torch.Tensor) -> None:
         self.label, self.tensor, self.version = label, tensor, tensor._version
         self.data = tensor.data
-        self.storage, self.address = _storage(tensor), _address(tensor)
+        self.address = _address(tensor)
         self.shape, self.stride, self.dtype = tensor.shape, tensor.stride(), tensor.dtype
 
     def changed(self) -> str | None:
@@ -133,8 +134,17 @@ class CapturedModules(TorchDispatchMode):
                     for name, t in table.items():
                         if isinstance(t, torch.Tensor):
                             self.tensors.append(_TensorState(f"{sub_label}.{name}", t))
-        self.storages = {s.storage: s.label for s in self.tensors}
-        self.storages.pop(0, None)
+        self._storages: dict[int, str] | None = None
+
+    @property
+    def storages(self) -> dict[int, str]:
+        """The storages of the captured tensors as they were (read from the aliases taken then, so
+        a ``.data`` swapped meanwhile changes nothing), by address: asked at the first op that
+        writes into an argument, which most replacements never run."""
+        if self._storages is None:
+            self._storages = {_storage(s.data): s.label for s in self.tensors}
+            self._storages.pop(0, None)
+        return self._storages
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}

@@ -109,3 +109,18 @@ def test_check_names_the_change_and_undo_puts_the_module_back(change, label, how
 
 def _geometry(t):
     return t.data_ptr(), t.untyped_storage().data_ptr(), t.shape, t.stride()
+
+
+def test_a_write_into_the_original_storage_after_a_data_swap_is_refused():
+    """The storages refused are those the tensors had at the snapshot (the map is built at the
+    first writing op, from the aliases taken then): swapping ``.data`` first does not let a write
+    through a kept alias into the program's own storage."""
+    conv, _bn, guard = _captured()
+    before = conv.weight.detach().clone()
+    with pytest.raises(ModuleWrite) as info, guard:
+        kept = conv.weight.data
+        conv.weight.data = torch.zeros(2, 2, 1, 1)
+        kept.mul_(2)
+    assert info.value.label == "conv.weight"
+    guard.undo()
+    torch.testing.assert_close(conv.weight.detach(), before, rtol=0, atol=0)
