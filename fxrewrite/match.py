@@ -728,9 +728,11 @@ class _CompiledWalk(_StraightWalk):
     Only for the default :class:`MatchOptions` and when no reasons are recorded."""
 
     def __init__(self, pattern: Pattern, modules: Mapping[str, torch.nn.Module], program: _Program,
-                 candidates: Callable[[Any], Iterable[Node]] | None) -> None:
-        super().__init__(pattern, modules, _DEFAULTS, candidates, record=False)
-        self.program = program
+                 candidates: Callable[[Any], Iterable[Node]] | None) -> None:  # _Steps' state, set directly
+        self.pattern, self.modules, self.options, self.candidates, self.program = (
+            pattern, modules, _DEFAULTS, candidates, program)
+        self.p2g, self.used, self.record, self.failure = {}, {}, False, None
+        self.folded_nodes, self.skipped, self.assumed = [], [], []
 
     def straight_node(self, pn: Node, gv: Any) -> bool:
         if pn in self.p2g:

@@ -3,7 +3,8 @@
 * ``match.COMPILED``: choice-free patterns walked by their compiled :class:`_Program`
   (``_CompiledWalk``, ``_compiled_sound_match``) instead of the straight walk;
 * ``canon.meaning.FAST_KEYS``: node keys of targets that cannot be respelled, from a table;
-* ``canon.schema.PLANNED_BINDING``: ATen schemas read once per schema, not at every bind.
+* ``canon.schema.PLANNED_BINDING``: ATen schemas read once per schema, not at every bind;
+* ``canon.identities.FAST_IDENTITY_TEST``: whether a call may be an identity, from a table by target.
 
 Each test finds every match of every rule of the shipped library (``fxrewrite.load_rules()``) at
 every node of a graph, as the driver asks (no rejections asked for), once with the fast paths and
@@ -24,6 +25,7 @@ import torch.fx as fx
 from _helpers import standard_rules
 from hypothesis import HealthCheck, given, settings
 
+import fxrewrite.canon.identities as identities
 import fxrewrite.canon.meaning as meaning
 import fxrewrite.canon.schema as schema
 import fxrewrite.match as match
@@ -38,12 +40,12 @@ LIBRARY = standard_rules()
 
 @contextlib.contextmanager
 def _fast(fast: bool) -> Iterator[None]:
-    saved = match.COMPILED, meaning.FAST_KEYS, schema.PLANNED_BINDING
-    match.COMPILED = meaning.FAST_KEYS = schema.PLANNED_BINDING = fast
+    saved = match.COMPILED, meaning.FAST_KEYS, schema.PLANNED_BINDING, identities.FAST_IDENTITY_TEST
+    match.COMPILED = meaning.FAST_KEYS = schema.PLANNED_BINDING = identities.FAST_IDENTITY_TEST = fast
     try:
         yield
     finally:
-        match.COMPILED, meaning.FAST_KEYS, schema.PLANNED_BINDING = saved
+        match.COMPILED, meaning.FAST_KEYS, schema.PLANNED_BINDING, identities.FAST_IDENTITY_TEST = saved
 
 
 def every_match(gm: fx.GraphModule, rules=LIBRARY, *, fast: bool) -> list[tuple]:
@@ -156,10 +158,11 @@ def test_node_keys_from_the_table_are_the_keys_worked_out_anew():
     for graph_module in (gm, exported):
         for n in graph_module.graph.nodes:
             with _fast(False):
-                slow = node_keys(n), meaning.node_key(n), node_keys(n, False)
+                slow = node_keys(n), meaning.node_key(n), node_keys(n, False), identities.may_be_identity(n)
             with _fast(True):
                 for _ in range(2):  # the table is filled at the first call, read at the second
-                    assert (node_keys(n), meaning.node_key(n), node_keys(n, False)) == slow, n.format_node()
+                    fast = node_keys(n), meaning.node_key(n), node_keys(n, False), identities.may_be_identity(n)
+                    assert fast == slow, n.format_node()
 
 
 def test_a_planned_binding_binds_as_the_schema_read_anew():

@@ -231,11 +231,31 @@ def through_identities(value: Any) -> Any:
 
 def may_be_identity(node: Node) -> bool:
     """A cheap test (no metadata read): can ``node`` be an identity at all?"""
-    if node.op == "call_module":
+    op = node.op
+    if op == "call_module":
         return _dropout_module(node) is not None
-    if node.op not in ("call_function", "call_method"):
+    if op != "call_function" and op != "call_method":
         return False
-    return canonical_name(node.op, node.target) in _IDENTITY_NAMES or _is_dropout_function(node.target)
+    if FAST_IDENTITY_TEST:
+        try:  # the matcher asks this of every graph node it meets
+            return _identity_targets[op, node.target]
+        except KeyError:
+            found = _identity_targets[op, node.target] = _may_be_identity_call(op, node.target)
+            return found
+        except TypeError:  # an unhashable target
+            pass
+    return _may_be_identity_call(op, node.target)
+
+
+def _may_be_identity_call(op: str, target: Any) -> bool:
+    return canonical_name(op, target) in _IDENTITY_NAMES or _is_dropout_function(target)
+
+
+#: Read :func:`may_be_identity`'s answer for calls from :data:`_identity_targets`; ``False`` (the
+#: slow twin): work it out at every call (``tests/test_match_compiled.py`` checks they agree).
+FAST_IDENTITY_TEST = True
+#: ``(op, target) -> bool`` for calls: the answer depends on the target alone, so it never goes stale.
+_identity_targets: dict[tuple[str, Any], bool] = {}
 
 
 def _identity(node: Any) -> tuple[Node | None, str | None]:

@@ -394,15 +394,15 @@ def _function_kind(node: Node, seen: dict[Node, ResultKind]) -> ResultKind:
         source = node.args[0]
         kind = _kind(source, seen) if isinstance(source, Node) else "unknown"
         return kind if kind in ("value", "tensor") else "unknown"
-    if getattr(target, "__module__", None) == "math":
-        return "value"
-    if target in _PYTHON_ARITHMETIC:
+    if target in _PYTHON_ARITHMETIC:  # (before the math check: operator's functions are not math's)
         kinds = set()
         for a in node.all_input_nodes:
             kinds.add(_kind(a, seen))
             if "tensor" in kinds:
                 return "tensor"
         return "value" if kinds == {"value"} else "unknown"
+    if getattr(target, "__module__", None) == "math":
+        return "value"
     return _schema_kind(node)
 
 
