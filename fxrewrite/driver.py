@@ -136,6 +136,21 @@ class Worklist:
                 queued.add(node)
                 heapq.heappush(self._queues[p], (node_position(node), next(self._seq), node))
 
+    def push_all(self, nodes: Iterable[Node]) -> None:
+        """:meth:`push` each of ``nodes``, in one call (the driver's requeue after a rewrite)."""
+        levels, anchors, queues, queued_at, seq = self.levels, self.anchors, self._queues, self._queued, self._seq
+        for node in nodes:
+            keys = None
+            for p in levels:
+                queued = queued_at[p]
+                if node in queued:
+                    continue
+                if keys is None:
+                    keys = node_keys(node)
+                if not anchors[p].isdisjoint(keys):
+                    queued.add(node)
+                    heapq.heappush(queues[p], (node_position(node), next(seq), node))
+
     def pop(self) -> tuple[Node, int] | None:
         """The earliest live node of the highest level with work, and that level; ``None`` when
         no node waits. Nodes erased while they waited are dropped here."""
@@ -370,13 +385,11 @@ class Driver:
         """Queue the created nodes, and what lies downstream of them and of the inputs that lost a
         user, up to the deepest pattern's reach (such an input may now be an inner node of a
         match, but only if it has no more users than the largest pattern has nodes)."""
-        push = self.worklist.push
-        frontier = [n for n in change.created if not is_erased(n)]
-        for n in frontier:
-            push(n)
+        created = [n for n in change.created if not is_erased(n)]
         largest = self.largest
-        frontier.extend(n for n in change.inputs if not is_erased(n) and len(n.users) <= largest)
-        seen = set(frontier)  # the order of pushes does not matter: the worklist keeps graph order
+        frontier = created + [n for n in change.inputs if not is_erased(n) and len(n.users) <= largest]
+        seen = set(frontier)
+        reached = created
         for _ in range(self.reach):
             next_frontier = []
             for n in frontier:
@@ -384,10 +397,11 @@ class Driver:
                     if user not in seen:
                         seen.add(user)
                         next_frontier.append(user)
-                        push(user)
             if not next_frontier:
                 break
+            reached += next_frontier
             frontier = next_frontier
+        self.worklist.push_all(reached)  # in one go: the worklist keeps graph order whatever the push order
 
     @property
     def last_rewrite(self) -> str | None:

@@ -33,6 +33,18 @@ def test_the_worklist_serves_the_highest_level_first_and_each_level_in_graph_ord
         ("sigmoid", 5), ("neg", 0), ("relu", 0), ("sigmoid", 0), ("relu", -3)]
 
 
+def test_pushing_nodes_all_at_once_queues_what_pushing_them_one_by_one_queues():
+    gm = fx.symbolic_trace(lambda a: torch.sigmoid(torch.relu(torch.neg(a))))
+    neg, relu, sigmoid = calls(gm)
+    anchors = {5: {key(sigmoid)}, 0: {key(neg), key(relu), key(sigmoid)}, -3: {key(relu)}}
+    one_by_one, at_once = Worklist(anchors), Worklist(anchors)
+    for node in (sigmoid, relu, neg, relu):
+        one_by_one.push(node)
+    at_once.push_all([sigmoid, relu, neg, relu])
+    assert len(at_once) == len(one_by_one) == 5
+    assert list(iter(at_once.pop, None)) == list(iter(one_by_one.pop, None))
+
+
 def test_the_worklist_queues_a_node_once_per_level_and_only_where_a_rule_anchors_at_it():
     gm = fx.symbolic_trace(lambda a: torch.relu(torch.neg(a)))
     neg, relu = calls(gm)
