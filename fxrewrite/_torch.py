@@ -194,8 +194,13 @@ def fx_codegen_builtins() -> list[tuple[str, Any]]:
 @contextlib.contextmanager
 def python_code_replaced(graph: fx.Graph, python_code: Callable[..., Any]) -> Iterator[None]:
     """``graph.python_code`` is ``python_code`` inside the block: ``GraphModule.recompile()``
-    then generates the code with it and does the rest (compile, ``forward``, ``__call__``) itself."""
-    graph.python_code = python_code  # type: ignore[method-assign]  # an instance attribute shadows the method
+    then generates the code with it and does the rest (compile, ``forward``, ``__call__``) itself.
+    A graph that takes no instance attributes (a subclass with ``__slots__``) keeps its own."""
+    try:
+        graph.python_code = python_code  # type: ignore[method-assign]  # an instance attribute shadows the method
+    except (AttributeError, TypeError):
+        yield
+        return
     try:
         yield
     finally:

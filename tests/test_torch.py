@@ -121,3 +121,18 @@ def test_the_code_generator_s_parts_are_where_fxrewrite_codegen_reads_them():
     with _torch.python_code_replaced(gm.graph, generate):
         gm.recompile()
     assert calls == ["self"] and "python_code" not in vars(gm.graph)
+
+
+def test_a_graph_that_refuses_the_replacement_keeps_its_own_python_code():
+    class Guarded(fx.Graph):
+        def __setattr__(self, name, value):
+            if name == "python_code":
+                raise AttributeError("read-only")
+            super().__setattr__(name, value)
+
+    graph = Guarded()
+    graph.output(graph.placeholder("x"))
+    gm = fx.GraphModule(nn.Module(), graph)
+    with _torch.python_code_replaced(gm.graph, lambda *a, **k: None):
+        gm.recompile()
+    assert "return x" in gm.code
