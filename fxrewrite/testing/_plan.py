@@ -20,7 +20,7 @@ from typing import Any, Literal
 import attrs
 import hypothesis.strategies as st
 import torch
-from hypothesis import reject
+from hypothesis import HealthCheck, Phase, Verbosity, given, reject, settings
 from hypothesis.strategies import SearchStrategy
 from torch import nn
 
@@ -108,6 +108,8 @@ class DrawCounts:
 
     drawn: int = 0
     kept: int = 0
+    #: Layouts refused on stand-in tensors and drawn again before any value was drawn.
+    layouts_refused: int = 0
     refused: dict[Any, bool] = attrs.field(factory=dict, repr=False)
 
     @property
@@ -473,14 +475,14 @@ def _stand_in_dtype(plan: InputPlan, config: _Config, param: Param) -> torch.dty
 
 def accepted_relations(plan: InputPlan) -> tuple[Mapping[str, int], ...]:
     """How the shapes of the broadcastable tensor arguments may relate to the base shape so
-    that the pattern runs and the guards hold, for a rule that draws layouts first: each a
-    ``{name: leading dimensions dropped}``, tried on stand-in tensors of a square base shape of
-    each rank the pattern runs on, fewest dropped first (what shrinking prefers). The drawing
+    that the pattern runs and the guards hold, for a rule with guards and no literal or module
+    captures: each a ``{name: leading dimensions dropped}``, tried on stand-in tensors of a
+    square base shape of each rank the pattern runs on, fewest dropped first (what shrinking prefers). The drawing
     then takes one of them three times in four, so a guard such as "``b`` is a vector of
     ``w.shape[0]`` elements" holds by construction instead of by luck (``linear_add_bias``
     rejected 93% of its draws); the fourth draw relates the shapes freely, as before."""
     names = plan.broadcastable
-    if not _draws_layouts_first(plan) or not names or plan.modules:
+    if plan.harness is None or plan.literals or not names or plan.modules:
         return ()
     found: dict[tuple[int, ...], None] = {}
     for config in plan.configs:
@@ -570,12 +572,21 @@ def _literal_values(draw: Any, plan: InputPlan, base: Sequence[int] = ()) -> dic
 @st.composite
 def _skeleton(draw: Any, plan: InputPlan) -> tuple[_Config, tuple[int, ...], dict[str, nn.Module]]:
     """The configuration (dtype, rank), the base shape and the module captures of one draw."""
+    drawn = draw(_skeleton_or_none(plan))
+    if drawn is None:
+        reject()
+    return drawn
+
+
+@st.composite
+def _skeleton_or_none(draw: Any, plan: InputPlan) -> tuple[_Config, tuple[int, ...], dict[str, nn.Module]] | None:
+    """:func:`_skeleton`, or ``None`` when the drawn rank is one the pattern does not run on."""
     dtype = draw(st.sampled_from(plan.dtypes))
     ranks = plan.ranks(dtype)
     modules = draw(_modules(plan))
     sides = draw(st.lists(st.integers(*plan.domain.sides), min_size=ranks[0], max_size=ranks[-1]))
     if len(sides) not in ranks:
-        reject()
+        return None
     if draw(st.booleans(), label="square") and sides:
         sides = [sides[0]] * len(sides)  # matmul-like patterns need equal sizes
     return plan.config(dtype, len(sides)), _base_shape(plan, sides, modules), modules
@@ -590,23 +601,78 @@ def _raw_inputs(draw: Any, plan: InputPlan) -> dict[str, Any]:
     return {p.name: merged[p.name] for p in plan.rule.compiled.params}
 
 
+#: The layouts, literals and modules of one input, drawn before its values.
+_Skeleton = tuple[dict[str, _Layout], dict[str, Any], dict[str, nn.Module]]
+
+#: Layouts (with the literals and modules) drawn per input before it is rejected, when the
+#: pattern or a guard refuses them on stand-in tensors (:func:`_layouts_first`).
+MAX_LAYOUT_TRIES = 8
+
+
 @st.composite
 def _layouts_first(draw: Any, plan: InputPlan) -> dict[str, Any]:
     """The layouts of the tensors and the literals first, then the pattern and the guards tried
     on stand-in tensors of those layouts (:func:`_layouts_refused`), and only if they may
-    accept them, the values. Most draws the pattern or a guard refuses are refused before a
-    value is drawn (values were 70% of the checker's time, and ``linear_add_bias``'s guard
-    refused 93% of its draws). :func:`_raw_inputs` is the same draw, each tensor's values
-    with its layout."""
-    config, base, modules = draw(_skeleton(plan))
-    layouts = draw(_tensor_layouts(plan, config, base))
-    literals = draw(_literal_values(plan, base))
-    if _layouts_refused(plan, layouts, literals, modules):
+    accept them, the values. A refused draw is drawn again (up to :data:`MAX_LAYOUT_TRIES`
+    times) inside the same input, so that Hypothesis neither pays for values nor starts a new
+    test case for it: what is drawn is the same as rejecting and drawing anew (the accepted
+    layouts, in the same proportions), at the cost of a few choices per refusal. Values were
+    70% of the checker's time, and ``linear_add_bias``'s guard refused 93% of its draws,
+    ``reshape4_reshape4``'s pattern 93% of its literals. :func:`_raw_inputs` is the same draw,
+    each tensor's values with its layout."""
+    for _ in range(MAX_LAYOUT_TRIES):
+        skeleton = draw(_accepted_layouts(plan))
+        if skeleton is not None:
+            break
+        plan.counts.layouts_refused += 1
+    else:
         reject()
+    layouts, literals, modules = skeleton
     drawn_values: dict[torch.dtype, list[Any]] = {}
     values = {p.name: _tensor_values(draw, plan, p, layouts[p.name], drawn_values) for p in plan.tensors}
     merged = {**values, **literals, **modules}
     return {p.name: merged[p.name] for p in plan.rule.compiled.params}
+
+
+@st.composite
+def _accepted_layouts(draw: Any, plan: InputPlan) -> _Skeleton | None:
+    """One try of :func:`_layouts_first`: the layouts, literals and modules, or ``None`` when the
+    pattern or a guard refuses them whatever the values (its own span, so the shrinker can drop
+    a refused try whole)."""
+    skeleton = draw(_skeleton_or_none(plan))
+    if skeleton is None:
+        return None
+    config, base, modules = skeleton
+    layouts = draw(_tensor_layouts(plan, config, base))
+    literals = draw(_literal_values(plan, base))
+    return None if _layouts_refused(plan, layouts, literals, modules) else (layouts, literals, modules)
+
+
+class _Admitted(Exception):
+    """Ends :func:`admits_inputs`' search at the first accepted layout."""
+
+
+def admits_inputs(plan: InputPlan, tries: int = 2 * MAX_LAYOUT_TRIES) -> bool:
+    """Whether any of ``tries`` drawn layouts (with literals and modules) is accepted on stand-in
+    tensors: a focused search whose focus the pattern cannot run on (``q`` of another dtype than
+    ``k``) is skipped instead of drawing :data:`MAX_LAYOUT_TRIES` refused layouts for each of the
+    inputs Hypothesis tries before it gives up. Stops at the first accepted layout; always True
+    for a plan that does not draw layouts first."""
+    if not _draws_layouts_first(plan):
+        return True
+
+    def body(drawn: Any) -> None:
+        if drawn is not None:
+            raise _Admitted
+
+    test = settings(max_examples=tries, database=None, derandomize=True, deadline=None,
+                    phases=(Phase.generate,), suppress_health_check=list(HealthCheck),
+                    verbosity=Verbosity.quiet)(given(_accepted_layouts(plan))(body))
+    try:
+        test()
+    except _Admitted:
+        return True
+    return False
 
 
 def _stand_in(layout: _Layout, fill: float) -> torch.Tensor:
@@ -653,13 +719,15 @@ def _refused_on_stand_ins(plan: InputPlan, layouts: Mapping[str, _Layout], other
 
 
 def _draws_layouts_first(plan: InputPlan) -> bool:
-    """Rules with guards and no literal captures draw layouts first (their guards read the
-    tensors' shapes, dtypes and layouts). Measured on the library (CPU seconds of a 100-example
-    check): linear_add_bias 11.1 -> 7.9, matmul_add_bias 9.8 -> 6.5; but rules refused on
-    their literals or by their pattern's shape errors (permute_permute_5d, reshape4_reshape4)
-    were slower (5.5 -> 26, 5.3 -> 8.6): cheap refusals made Hypothesis draw several times
-    more, so they keep the plain draw."""
-    return plan.harness is not None and not plan.literals
+    """Rules with guards, literal captures or module captures draw layouts first: their guards
+    read the tensors' shapes, dtypes and layouts, and their patterns refuse shapes that do not
+    fit the literals (``reshape``, ``permute``, ``sum(x, d)``) or the modules. A refused layout is
+    drawn again inside the input (:func:`_layouts_first`); rejecting the input instead made
+    Hypothesis draw several times more (cheap refusals, Hypothesis' limit counts inputs). Rules
+    with tensor arguments only and no guard keep the plain draw, each tensor's values with its
+    layout: their patterns refuse few draws, and the pinned shrinks of their counterexamples
+    depend on that order."""
+    return plan.harness is not None or bool(plan.literals) or bool(plan.modules)
 
 
 @st.composite

@@ -35,7 +35,7 @@ from hypothesis.errors import FailedHealthCheck, Flaky, Unsatisfiable
 from ..domain import Tolerance
 from ..rule import Rule
 from ._evaluation import PatternRaised, evaluate
-from ._plan import InputPlan
+from ._plan import InputPlan, admits_inputs
 from ._report import KEY_ORDER, CheckContext, Counterexample
 
 if sys.version_info >= (3, 11):
@@ -53,6 +53,7 @@ __all__ = [
     "examples_in",
     "leaves",
     "more_counterexamples",
+    "one_thread",
     "run_searches",
 ]
 
@@ -118,12 +119,12 @@ class Search:
         )(test)
         if seed is not None:
             test = hypothesis_seed(seed)(test)
-        with _one_thread():
+        with one_thread():
             test()
 
 
 @contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
+def one_thread() -> Iterator[None]:
     """Run torch on one thread: the inputs are tiny, and waking a thread pool for each of them
     costs milliseconds (exact GELU took 4 ms a call on two threads, 15 µs on one)."""
     threads = torch.get_num_threads()
@@ -165,6 +166,8 @@ def run_searches(context: CheckContext, searches: list[Search]) -> None:
 
 
 def _focused_search(context: CheckContext, plan: InputPlan, examples: int, searches: list[Search]) -> None:
+    if not admits_inputs(plan):
+        return  # no layout of this focus is accepted: Hypothesis would give it up after 50 refusals
     search = Search(context.rule, context.tolerance, notes=context.notes)
     searches.append(search)
     try:

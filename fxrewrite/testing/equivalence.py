@@ -63,7 +63,15 @@ from ._report import (
     untestable_report,
     untested_report,
 )
-from ._search import Search, counterexamples_in, examples_in, leaves, more_counterexamples, run_searches
+from ._search import (
+    Search,
+    counterexamples_in,
+    examples_in,
+    leaves,
+    more_counterexamples,
+    one_thread,
+    run_searches,
+)
 from .repair import Repair, repair_report, repair_rule
 from .strategies import GuardRaised, plan_inputs
 
@@ -98,6 +106,11 @@ def check_rule(rule: Rule, *, max_examples: int = DEFAULT_EXAMPLES, seed: int | 
     weakest restriction that makes the rule pass is searched for (``result.repair``).
     """
     _check_arguments("check_rule", rule, max_examples, seed)
+    with one_thread():  # probing and plan making call the pattern too: as in the searches, one thread
+        return _check(rule, max_examples, seed, repair)
+
+
+def _check(rule: Rule, max_examples: int, seed: int | None, repair: bool) -> CheckResult:
     start = time.perf_counter()
     try:
         plan = attrs.evolve(plan_inputs(rule), pattern_errors=PatternErrors())

@@ -1,5 +1,6 @@
-"""fxrewrite.testing._plan: layouts drawn before values for guarded rules, literal dims grouped
-by the op that takes them, and the counts of what was drawn and kept."""
+"""fxrewrite.testing._plan: layouts drawn before values for guarded rules and rules with literals
+(a refused layout drawn again inside the input), literal dims grouped by the op that takes them,
+and the counts of what was drawn and kept."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 
 from fxrewrite import Rule
+from fxrewrite.testing import _plan
 from fxrewrite.testing._plan import (
+    MAX_LAYOUT_TRIES,
     _draws_layouts_first,
     _index_groups,
     _Layout,
     _layouts_refused,
+    admits_inputs,
     draw_counts,
     reset_draw_counts,
 )
@@ -71,14 +75,61 @@ def test_every_input_drawn_layouts_first_satisfies_the_guard_and_is_counted():
     assert counts.describe().startswith(f"drawn {counts.drawn}, kept {counts.kept}, rejected ")
 
 
-def test_unguarded_rules_and_rules_with_literals_keep_the_plain_draw():
+def test_unguarded_rules_keep_the_plain_draw_and_rules_with_literals_draw_layouts_first():
     assert not _draws_layouts_first(plan_inputs(Rule.from_functions(lambda x: -x, lambda x: -x, name="n")))
+    assert not _draws_layouts_first(plan_inputs(Rule.from_functions(lambda x, y: x / y, lambda x, y: x / y, name="d")))
 
     def scaled(x, s: float):
         return x * s
 
     guarded = Rule.from_functions(scaled, scaled, name="s", where=lambda m: m["x"].dim() > 0)
-    assert not _draws_layouts_first(plan_inputs(guarded))
+    assert _draws_layouts_first(plan_inputs(guarded))
+    assert _draws_layouts_first(plan_inputs(Rule.from_functions(scaled, scaled, name="u")))
+
+
+def _summed(x, d: int):
+    return torch.sum(x, d, keepdim=True).squeeze(d)
+
+
+def summed_rule() -> Rule:
+    return Rule.from_functions(_summed, _summed, name="summed", domain={"dtypes": (torch.float32,)})
+
+
+@pytest.mark.parametrize("tries", [1, MAX_LAYOUT_TRIES])
+def test_a_refused_layout_is_drawn_again_inside_the_input_and_only_accepted_inputs_come_out(tries, monkeypatch):
+    # the slow twin is one try (reject the input at the first refusal, as before): both give
+    # only inputs the pattern runs on; with tries, most refusals cost no input
+    monkeypatch.setattr(_plan, "MAX_LAYOUT_TRIES", tries)
+    rule = summed_rule()
+    reset_draw_counts(rule)
+    seen = []
+
+    @QUICK
+    @given(plan_inputs(rule).strategy())
+    def body(inputs):  # type: ignore[no-untyped-def]
+        x, d = inputs["x"], inputs["d"]
+        assert -max(x.dim(), 1) <= d < max(x.dim(), 1)  # the pattern runs: d is a dim of x
+        seen.append(inputs)
+
+    body()
+    counts = draw_counts(rule)
+    assert counts.kept == len(seen) > 0
+    if tries == 1:
+        assert counts.drawn - counts.kept >= counts.layouts_refused > 0  # each refusal cost an input
+    else:
+        assert counts.layouts_refused > 0 and counts.drawn - counts.kept < counts.layouts_refused
+
+
+def test_a_focus_whose_layouts_are_all_refused_is_not_admitted():
+    def scores(q, k, s: float):
+        return (q @ k.transpose(-2, -1)) * s
+
+    rule = Rule.from_functions(scores, scores, name="scores", where=lambda m: m["q"].dim() >= 2,
+                               domain={"dtypes": (torch.float32, torch.float64), "ranks": (2, 3),
+                                       "literals": {"s": (0.5,)}})
+    plan = plan_inputs(rule)
+    assert admits_inputs(plan)
+    assert not admits_inputs(plan.with_own_dtype("k"))  # matmul refuses float32 @ float64
 
 
 def test_int_literals_are_grouped_by_the_op_that_takes_them():
