@@ -77,7 +77,7 @@ ENABLE_VARIABLE = "FXREWRITE_CACHE"
 #: Entries kept; beyond it, writing an entry removes the least recently written ones.
 MAX_ENTRIES = 512
 
-_FORMAT = b"fxrewrite-ast-1\n"
+_FORMAT = b"fxrewrite-ast-2\n"  # 2: AST nodes pickle as their __dict__ (dsl.ast.Node)
 _SUFFIX = ".ast"
 _PARSER_SOURCES = ("dsl/grammar.lark", "dsl/parse.py", "dsl/_syntax.py", "dsl/_to_ast.py", "dsl/ast.py")
 
@@ -118,11 +118,9 @@ def load_rule_file(text: str, source: str) -> RuleFile | None:
     if problem:
         logger.debug("ignoring the cached parse %s (%s); parsing %s", path, problem, source)
         return None
-    import attrs
-
     from .dsl.ast import SourceText
 
-    return attrs.evolve(entry[1], source=SourceText(source, text))
+    return entry[1].replace(source=SourceText(source, text))
 
 
 def store_rule_file(rule_file: RuleFile) -> None:

@@ -153,9 +153,9 @@ def _entry_path() -> Path:
 @pytest.mark.parametrize("damage, reason", [
     (lambda data: b"", "not an fxrewrite cache entry"),
     (lambda data: data[: len(data) // 2], "Error"),
-    (lambda data: data.replace(b"fxrewrite-ast-1", b"fxrewrite-ast-0"), "not an fxrewrite cache entry"),
-    (lambda data: b"fxrewrite-ast-1\n" + pickle.dumps(("k", print)), "AST nodes only, not builtins.print"),
-    (lambda data: b"fxrewrite-ast-1\n" + pickle.dumps([1, 2]), "not a (key, value) pair"),
+    (lambda data: data.replace(b"fxrewrite-ast-2", b"fxrewrite-ast-0"), "not an fxrewrite cache entry"),
+    (lambda data: b"fxrewrite-ast-2\n" + pickle.dumps(("k", print)), "AST nodes only, not builtins.print"),
+    (lambda data: b"fxrewrite-ast-2\n" + pickle.dumps([1, 2]), "not a (key, value) pair"),
 ], ids=["empty", "truncated", "other format", "code", "not an entry"])
 def test_a_damaged_entry_is_ignored_with_a_debug_message_and_rewritten(cache_home, caplog, damage, reason):
     _cache.store_rule_file(parse(TEXT, source="a.fxr"))
@@ -178,7 +178,7 @@ def test_an_entry_that_is_not_the_parse_of_this_text_is_ignored(cache_home, capl
     _cache.store_rule_file(parse(TEXT, source="a.fxr"))
     path = _entry_path()
     key, value = _cache.read_entry(path)
-    path.write_bytes(b"fxrewrite-ast-1\n" + pickle.dumps(entry(key, value)))
+    path.write_bytes(b"fxrewrite-ast-2\n" + pickle.dumps(entry(key, value)))
     with caplog.at_level(logging.DEBUG, logger="fxrewrite._cache"):
         assert _cache.load_rule_file(TEXT, "a.fxr") is None
     assert reason in caplog.text

@@ -17,12 +17,20 @@ a rule's body keeps its parts in source order.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any, Union
+import inspect
+from collections.abc import Callable, Iterator
+from operator import attrgetter, itemgetter
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, Union
 
-import attrs
+from attrs.exceptions import FrozenInstanceError
 
 from ..errors import RuleSyntaxError
+
+if TYPE_CHECKING:
+    from typing_extensions import dataclass_transform
+else:
+    def dataclass_transform(**_: Any) -> Callable[[type], type]:
+        return lambda cls: cls
 
 __all__ = [
     "Attribute",
@@ -54,12 +62,117 @@ __all__ = [
     "Use",
     "Wildcard",
     "children",
+    "fields",
     "walk",
 ]
 
+_T = TypeVar("_T")
 
-@attrs.frozen
-class Span:
+
+@dataclass_transform(kw_only_default=True, frozen_default=True, eq_default=True)
+class Node:
+    """The base of every class here: a frozen value with fields, equality, hash and repr.
+
+    A subclass lists its fields as annotations (in order; a class attribute is a default) and is
+    built with keywords only, or positionally too with ``kw_only=False`` in its class line. It
+    behaves as the ``attrs.frozen`` class it replaces (same ``repr``, equality within one class,
+    hash, :class:`attrs.exceptions.FrozenInstanceError` on assignment) but defines itself
+    without generating and compiling code, which made this module a tenth of a warm library
+    load. Its pickle is its ``__dict__`` (built without a Python ``__setstate__``), as the parse
+    cache stores it.
+
+    >>> Span(1, 2, 1, 3) == Span(line=1, column=2, end_line=1, end_column=3)
+    True
+    >>> Span(1, 2, 1, 3)
+    Span(line=1, column=2, end_line=1, end_column=3)
+    """
+
+    _fields: ClassVar[tuple[str, ...]] = ()
+    _defaults: ClassVar[dict[str, Any]] = {}
+    _positional: ClassVar[int] = 0
+    __match_args__: ClassVar[tuple[str, ...]] = ()
+    _values: ClassVar[Callable[[Any], tuple[Any, ...]]] = staticmethod(lambda node: ())  # the fields' values
+    _pick: ClassVar[Callable[[dict[str, Any]], tuple[Any, ...]]] = staticmethod(lambda kwargs: ())  # same, of kwargs
+
+    def __init_subclass__(cls, *, kw_only: bool = True) -> None:
+        super().__init_subclass__()
+        names = tuple(inspect.get_annotations(cls))
+        cls._fields = names
+        cls._defaults = {name: cls.__dict__[name] for name in names if name in cls.__dict__}
+        cls._positional = 0 if kw_only else len(names)
+        cls.__match_args__ = () if kw_only else names  # type: ignore[misc]  # as attrs sets them: positional ones
+        get, pick = (attrgetter(*names), itemgetter(*names)) if names else (lambda node: (), lambda kwargs: ())
+        one = len(names) == 1  # a getter of one name returns the value, not a 1-tuple
+        cls._values = staticmethod((lambda node: (get(node),)) if one else get)
+        cls._pick = staticmethod((lambda kwargs: (pick(kwargs),)) if one else pick)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        cls = type(self)
+        if not kwargs and len(args) == cls._positional != 0:
+            self.__dict__.update(zip(cls._fields, args))
+            return
+        if not args and len(kwargs) == len(cls._fields):
+            try:
+                values = cls._pick(kwargs)
+            except KeyError:
+                pass
+            else:
+                self.__dict__.update(zip(cls._fields, values))
+                return
+        self.__dict__.update(cls._bind(args, kwargs))
+
+    @classmethod
+    def _bind(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The fields' values, in field order, from arguments that do not name each field once
+        by keyword (a default left out, or a mistake: ``TypeError`` as Python words it)."""
+        if len(args) > cls._positional:
+            raise TypeError(f"{cls.__name__}() takes {cls._positional} positional arguments but {len(args)} were given")
+        values = dict(zip(cls._fields, args))
+        for name, value in kwargs.items():
+            if name not in cls._fields or name in values:
+                problem = "got multiple values for" if name in values else "got an unexpected keyword"
+                raise TypeError(f"{cls.__name__}() {problem} argument '{name}'")
+            values[name] = value
+        for name in cls._fields:
+            if name not in values:
+                if name not in cls._defaults:
+                    raise TypeError(f"{cls.__name__}() missing required argument: '{name}'")
+                values[name] = cls._defaults[name]
+        return {name: values[name] for name in cls._fields}
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise FrozenInstanceError()
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError()
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return type(self)._values(self) == type(self)._values(other)
+
+    def __hash__(self) -> int:
+        return hash((self.__class__.__qualname__, type(self)._values(self)))
+
+    def __repr__(self) -> str:
+        items = ", ".join(f"{name}={value!r}" for name, value in zip(self._fields, type(self)._values(self)))
+        return f"{self.__class__.__qualname__}({items})"
+
+    def replace(self: _T, **changes: Any) -> _T:
+        """A copy with ``changes`` (field name to value), as ``attrs.evolve`` made one."""
+        return type(self)(**{**self.__dict__, **changes})
+
+
+def fields(cls: type[Node]) -> tuple[str, ...]:
+    """The field names of an AST class, in order.
+
+    >>> fields(Span)
+    ('line', 'column', 'end_line', 'end_column')
+    """
+    return cls._fields
+
+
+class Span(Node, kw_only=False):
     """Where a node is written: 1-based line and column of its first and last character + 1."""
 
     line: int
@@ -68,8 +181,7 @@ class Span:
     end_column: int
 
 
-@attrs.frozen
-class SourceText:
+class SourceText(Node, kw_only=False):
     """A rule file's name (used in messages and rule origins) and text."""
 
     name: str
@@ -108,31 +220,27 @@ class SourceText:
 # ---- expressions ------------------------------------------------------------------------------
 
 
-@attrs.frozen(kw_only=True)
-class Name:
+class Name(Node):
     """A bare name: a variable, a ``let`` name or a name in scope (see docs/dsl.md)."""
 
     id: str
     span: Span
 
 
-@attrs.frozen(kw_only=True)
-class Wildcard:
+class Wildcard(Node):
     """``_``: matches anything; each occurrence is a fresh variable."""
 
     span: Span
 
 
-@attrs.frozen(kw_only=True)
-class Literal:
+class Literal(Node):
     """An int, float, str, bool, ``None`` or ``...`` written in the rule."""
 
     value: Any
     span: Span
 
 
-@attrs.frozen(kw_only=True)
-class Attribute:
+class Attribute(Node):
     """``value.attr``."""
 
     value: Expr
@@ -141,8 +249,7 @@ class Attribute:
     attr_span: Span
 
 
-@attrs.frozen(kw_only=True)
-class Keyword:
+class Keyword(Node):
     """``name=value`` in a call."""
 
     name: str
@@ -150,8 +257,7 @@ class Keyword:
     span: Span
 
 
-@attrs.frozen(kw_only=True)
-class Call:
+class Call(Node):
     """``func(*args, **keywords)``; positional arguments come first."""
 
     func: Expr
@@ -160,8 +266,7 @@ class Call:
     span: Span
 
 
-@attrs.frozen(kw_only=True)
-class Slice:
+class Slice(Node):
     """``start:stop:step`` inside brackets; a missing part is ``None``."""
 
     start: Expr | None
@@ -170,8 +275,7 @@ class Slice:
     span: Span
 
 
-@attrs.frozen(kw_only=True)
-class Subscript:
+class Subscript(Node):
     """``value[index]``; several comma-separated items make ``index`` a :class:`TupleExpr`."""
 
     value: Expr
@@ -179,8 +283,7 @@ class Subscript:
     span: Span
 
 
-@attrs.frozen(kw_only=True)
-class BinOp:
+class BinOp(Node):
     """``left op right`` for ``op`` in ``+ - * / // % ** @``."""
 
     op: str
@@ -189,8 +292,7 @@ class BinOp:
     span: Span
 
 
-@attrs.frozen(kw_only=True)
-class UnaryOp:
+class UnaryOp(Node):
     """``-operand`` or ``+operand``."""
 
     op: str
@@ -198,8 +300,7 @@ class UnaryOp:
     span: Span
 
 
-@attrs.frozen(kw_only=True)
-class Compare:
+class Compare(Node):
     """``left op1 right1 op2 right2 ...`` (chained like Python) for ``== != < <= > >= in
     not in is is not``."""
 
@@ -209,8 +310,7 @@ class Compare:
     span: Span
 
 
-@attrs.frozen(kw_only=True)
-class BoolOp:
+class BoolOp(Node):
     """``a and b and ...`` or ``a or b or ...``."""
 
     op: str
@@ -218,24 +318,21 @@ class BoolOp:
     span: Span
 
 
-@attrs.frozen(kw_only=True)
-class Not:
+class Not(Node):
     """``not operand``."""
 
     operand: Expr
     span: Span
 
 
-@attrs.frozen(kw_only=True)
-class TupleExpr:
+class TupleExpr(Node):
     """``(a, b)``; also the items of ``x[a, b]``."""
 
     elts: tuple[Expr, ...]
     span: Span
 
 
-@attrs.frozen(kw_only=True)
-class ListExpr:
+class ListExpr(Node):
     """``[a, b]``."""
 
     elts: tuple[Expr, ...]
@@ -298,8 +395,7 @@ def walk(node: Expr) -> Iterator[Expr]:
 # ---- rules and files ---------------------------------------------------------------------------
 
 
-@attrs.frozen(kw_only=True)
-class Let:
+class Let(Node):
     """``let name = value``: names a sub-expression shared by the pattern (and usable in the
     replacement)."""
 
@@ -308,8 +404,7 @@ class Let:
     span: Span
 
 
-@attrs.frozen(kw_only=True)
-class Rewrite:
+class Rewrite(Node):
     """``pattern => replacement``."""
 
     pattern: Expr
@@ -317,8 +412,7 @@ class Rewrite:
     span: Span
 
 
-@attrs.frozen(kw_only=True)
-class Capture:
+class Capture(Node):
     """``name: type`` in a ``where`` line; ``type`` is a dotted path such as ``nn.Conv2d``."""
 
     name: str
@@ -327,8 +421,7 @@ class Capture:
     type_span: Span
 
 
-@attrs.frozen(kw_only=True)
-class Condition:
+class Condition(Node):
     """A ``where`` condition and its source text (shown when the guard rejects a match)."""
 
     expr: Expr
@@ -336,8 +429,7 @@ class Condition:
     span: Span
 
 
-@attrs.frozen(kw_only=True)
-class Setting:
+class Setting(Node):
     """``name=value`` in a ``tolerance`` or ``domain`` line."""
 
     name: str
@@ -345,8 +437,7 @@ class Setting:
     span: Span
 
 
-@attrs.frozen(kw_only=True)
-class Declaration:
+class Declaration(Node):
     """A ``tolerance``, ``domain`` or ``numerics`` line: what the rule's property test may assume.
 
     ``tolerance rtol=1e-4, atol=1e-6`` and ``domain dtypes=(torch.float32,)`` have settings only;
@@ -361,8 +452,7 @@ class Declaration:
     span: Span
 
 
-@attrs.frozen(kw_only=True)
-class RuleDef:
+class RuleDef(Node):
     """One ``rule`` block."""
 
     name: str
@@ -376,8 +466,7 @@ class RuleDef:
     declarations: tuple[Declaration, ...] = ()
 
 
-@attrs.frozen(kw_only=True)
-class Use:
+class Use(Node):
     """``use a.b.c as alias``."""
 
     path: tuple[str, ...]
@@ -386,8 +475,7 @@ class Use:
     path_span: Span
 
 
-@attrs.frozen(kw_only=True)
-class RuleFile:
+class RuleFile(Node):
     """A parsed rule file: its ``use`` lines and rules, in source order."""
 
     source: SourceText
@@ -397,4 +485,4 @@ class RuleFile:
 
 #: The classes of this module by name: all a cached parse may be built from (:mod:`fxrewrite._cache`).
 CLASSES: dict[str, type] = {name: value for name, value in list(globals().items())
-                            if isinstance(value, type) and value.__module__ == __name__}
+                            if isinstance(value, type) and issubclass(value, Node) and value is not Node}

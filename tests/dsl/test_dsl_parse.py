@@ -30,8 +30,8 @@ def shape(node: object) -> object:
         return node.value
     if isinstance(node, ast.Wildcard):
         return "_"
-    if attrs.has(type(node)):
-        fields = {f.name: shape(getattr(node, f.name)) for f in attrs.fields(type(node)) if "span" not in f.name}
+    if isinstance(node, ast.Node):
+        fields = {name: shape(getattr(node, name)) for name in ast.fields(type(node)) if "span" not in name}
         return (type(node).__name__, *fields.values())
     return node
 
