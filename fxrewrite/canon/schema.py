@@ -142,12 +142,15 @@ class _Plan:
 
     def __init__(self, schema: Any) -> None:
         self.schema = schema  # held, so that the id the plan is filed under stays this schema's
-        self.arguments = tuple((a.name, a.kwarg_only, a.has_default_value(),
-                                a.default_value if a.has_default_value() else None, str(a.type),
-                                str(a.type).startswith("Optional["), "List[" in str(a.type))
-                               for a in schema.arguments)
-        self.positional = sum(not a.kwarg_only for a in schema.arguments)
-        self.names = frozenset(a.name for a in schema.arguments)
+        arguments = []
+        for a in schema.arguments:  # one loop, each accessor read once (a cold load builds ~70 plans)
+            has_default = a.has_default_value()
+            type_name = str(a.type)
+            arguments.append((a.name, a.kwarg_only, has_default, a.default_value if has_default else None,
+                              type_name, type_name.startswith("Optional["), "List[" in type_name))
+        self.arguments = tuple(arguments)
+        self.positional = sum(not entry[1] for entry in arguments)
+        self.names = frozenset(entry[0] for entry in arguments)
 
 
 _plans: dict[int, _Plan] = {}
