@@ -31,7 +31,15 @@ import torch
 import torch.fx as fx
 from torch.fx.node import Node
 
-from ._torch import autowrap_function_ids, autowrap_patches, fx_tracing, is_fx_tracing, set_code_fields
+from ._torch import (
+    add_node,
+    autowrap_function_ids,
+    autowrap_patches,
+    fresh_node_name,
+    fx_tracing,
+    is_fx_tracing,
+    set_code_fields,
+)
 from .canon import is_commutative_call, mutation, node_key, pattern_identity, result_kind
 from .errors import RuleDefinitionError
 
@@ -636,6 +644,14 @@ def graph_record(graph: fx.Graph) -> tuple[Any, ...] | None:
     return tuple(nodes)
 
 
+#: :func:`graph_from_record` inserts each node directly (``_torch.add_node``, under the name
+#: reserved as ``create_node`` reserves it) rather than through ``graph.create_node``, whose
+#: per-argument pytree walk only warns about raw symbolic values, which plain data cannot hold:
+#: a third of rebuilding the library's graphs. ``False`` is the slow twin (``create_node``);
+#: ``tests/test_pattern.py`` checks both rebuild every library pattern alike.
+DIRECT_REPLAY = True
+
+
 def graph_from_record(record: tuple[Any, ...], fn: Callable[..., Any]) -> fx.Graph | None:
     """The graph :func:`graph_record` wrote, as the quick tracer builds it for ``fn`` (its code
     fields, tracer class, node names); ``None`` when a function, class or constant is no longer
@@ -647,10 +663,18 @@ def graph_from_record(record: tuple[Any, ...], fn: Callable[..., Any]) -> fx.Gra
         for op, name, target, args, kwargs, type_, meta in record:
             target = target if isinstance(target, str) else _referenced(target)
             type_ = type_ if type_ is None or isinstance(type_, str) else _referenced(type_)
-            node = graph.create_node(op, target, _value(args, nodes), _value(kwargs, nodes), name, type_)
-            if node.name != name:
-                return None
-            node.meta.update(meta)
+            args, kwargs = _value(args, nodes), _value(kwargs, nodes)
+            if type(args) is not tuple or type(kwargs) is not dict:
+                return None  # not what graph_record writes
+            if DIRECT_REPLAY:
+                if fresh_node_name(graph, name) != name:
+                    return None
+                node = add_node(graph, name, op, target, args, kwargs, type_, dict(meta))
+            else:
+                node = graph.create_node(op, target, args, kwargs, name, type_)
+                if node.name != name:
+                    return None
+                node.meta.update(meta)
             nodes.append(node)
     except (_Unrecordable, TypeError, ValueError, IndexError):
         return None

@@ -293,3 +293,46 @@ def test_a_quick_trace_leaves_no_tracing_state_behind():
         traced(lambda x: torch.relu(x) if x.sum() > 0 else x)
     assert not _torch.is_fx_tracing() and symbolic_trace.CURRENT_PATCHER is None
     assert math.sqrt.__module__ == "math" and not torch.nn.modules.module._global_forward_pre_hooks
+
+
+def _rebuilt(record, fn, direct: bool, monkeypatch):
+    from fxrewrite import pattern
+
+    monkeypatch.setattr(pattern, "DIRECT_REPLAY", direct)
+    return pattern.graph_from_record(record, fn)
+
+
+def test_replayed_graphs_are_built_alike_directly_and_through_create_node(monkeypatch):
+    """DIRECT_REPLAY (nodes inserted by _torch.add_node) against its slow twin (create_node), on
+    the record of every library pattern: the same nodes, names, arguments, metadata, code."""
+    from fxrewrite.loader import load_rules
+    from fxrewrite.pattern import graph_record
+
+    rebuilt = 0
+    for rule in load_rules():
+        record = graph_record(rule.compiled.graph)
+        if record is None:
+            continue
+        direct, slow = (_rebuilt(record, rule.pattern, flag, monkeypatch) for flag in (True, False))
+        assert direct is not None and slow is not None, rule.name
+        _assert_same_graph(direct, slow)
+        assert _graph_text(direct) == _graph_text(rule.compiled.graph)
+        direct.lint()
+        rebuilt += 1
+    assert rebuilt >= 130
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_record_whose_names_or_arguments_do_not_fit_is_not_replayed_either_way(direct, monkeypatch):
+    from fxrewrite.pattern import graph_record
+
+    def pattern(x):
+        return torch.neg(torch.neg(x))
+
+    record = graph_record(torch.fx.symbolic_trace(pattern).graph)
+    assert _rebuilt(record, pattern, direct, monkeypatch) is not None
+    renamed = tuple((op, "neg" if name == "neg_1" else name, *rest) for op, name, *rest in record)  # neg twice
+    assert _rebuilt(renamed, pattern, direct, monkeypatch) is None
+    untupled = tuple((op, name, target, ("l", []) if op == "call_function" else args, *rest)
+                     for op, name, target, args, *rest in record)
+    assert _rebuilt(untupled, pattern, direct, monkeypatch) is None
