@@ -25,6 +25,7 @@ import difflib
 import keyword
 import math
 import operator
+import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -479,6 +480,25 @@ class _Frame:
         return self.sizes[id(value)][1:]
 
 
+#: :func:`_function` compiles the template once per parameter list and gives each rule's function
+#: that code under the rule's own file name (``CodeType.replace``): compiling it anew for every
+#: side of every rule was most of building the functions. ``False`` is the slow twin (compile and
+#: ``exec`` the template per function); ``tests/dsl/test_dsl_compile.py`` checks both make the same
+#: function, code object field by field.
+SHARED_TEMPLATE_CODE = True
+
+_template_codes: dict[tuple[str, ...], types.CodeType] = {}
+
+
+def _template_code(params: tuple[str, ...]) -> types.CodeType:
+    """The code of the template's function for ``params`` (already checked to be identifiers)."""
+    code = _template_codes.get(params)
+    if code is None:
+        module = compile(_TEMPLATE.format(params=", ".join(params)), "<fxrewrite rule>", "exec")
+        code = _template_codes[params] = next(c for c in module.co_consts if isinstance(c, types.CodeType))
+    return code
+
+
 def _function(name: str, params: Sequence[str], body: Closure, annotations: Mapping[str, type],
               origin: str) -> Callable[..., Any]:
     """A real function with the rule's variables as parameters (torch.fx reads them from its code
@@ -493,8 +513,13 @@ def _function(name: str, params: Sequence[str], body: Closure, annotations: Mapp
         return body(_Frame(dict(zip(params, values))))
 
     namespace: dict[str, Any] = {"__builtins__": {}, "_evaluate": evaluate}
-    exec(compile(_TEMPLATE.format(params=", ".join(params)), f"<fxrewrite rule {origin}>", "exec"), namespace)
-    fn = namespace["_fxr"]
+    filename = f"<fxrewrite rule {origin}>"
+    if SHARED_TEMPLATE_CODE:
+        fn = namespace["_fxr"] = types.FunctionType(_template_code(tuple(params)).replace(co_filename=filename),
+                                                     namespace, "_fxr")  # bound where exec binds it
+    else:
+        exec(compile(_TEMPLATE.format(params=", ".join(params)), filename, "exec"), namespace)
+        fn = namespace["_fxr"]
     fn.__name__ = fn.__qualname__ = name
     fn.__annotations__ = dict(annotations)
     return fn

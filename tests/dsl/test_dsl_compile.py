@@ -330,3 +330,48 @@ def test_the_allow_list_lives_in_its_own_module():
     assert dsl_compile.Scope is scope.Scope and dsl_compile.DEFAULT_NAMES is scope.DEFAULT_NAMES
     assert ".scope" in _imports_of(dsl_compile)
     assert not {"..match", "..rule", "..pattern", ".compile"} & _imports_of(scope)
+
+
+_CODE_FIELDS = ("co_argcount", "co_posonlyargcount", "co_kwonlyargcount", "co_nlocals", "co_flags", "co_code",
+                "co_consts", "co_names", "co_varnames", "co_freevars", "co_cellvars", "co_filename", "co_name",
+                "co_qualname", "co_firstlineno", "co_linetable", "co_exceptiontable", "co_stacksize")
+
+
+def _function_facts(fn):
+    code = fn.__code__
+    return ([getattr(code, f) for f in _CODE_FIELDS],
+            (fn.__name__, fn.__qualname__, fn.__module__, fn.__defaults__, fn.__kwdefaults__, fn.__annotations__,
+             sorted(fn.__globals__), fn.__globals__["__builtins__"]))
+
+
+@pytest.mark.parametrize("params", [(), ("x",), ("x", "y", "n"), ("a_long_name", "b", "c", "d", "e")])
+def test_shared_template_code_builds_the_function_compiling_anew_builds(params, monkeypatch):
+    """SHARED_TEMPLATE_CODE (one compiled template per parameter list, renamed per rule) against
+    its slow twin (compile and exec the template for every function)."""
+    from fxrewrite.dsl import compile as dsl_compile
+
+    made = {}
+    for shared in (True, False):
+        monkeypatch.setattr(dsl_compile, "SHARED_TEMPLATE_CODE", shared)
+        fn = dsl_compile._function("r_pattern", params, lambda frame: sorted(frame.values.items()),
+                                   {"x": int} if "x" in params else {}, f"rules_{len(params)}.fxr:3")
+        made[shared] = (_function_facts(fn), fn(*range(len(params))))
+    assert made[True] == made[False]
+    assert made[True][0][0][_CODE_FIELDS.index("co_filename")] == f"<fxrewrite rule rules_{len(params)}.fxr:3>"
+
+
+def test_the_library_compiles_to_the_same_functions_with_shared_template_code_or_not(monkeypatch):
+    from pathlib import Path
+
+    from fxrewrite.dsl import compile as dsl_compile
+
+    files = sorted((Path(__file__).resolve().parents[2] / "rules").glob("*.fxr"))
+    assert files
+    for path in files:
+        built = {}
+        for shared in (True, False):
+            monkeypatch.setattr(dsl_compile, "SHARED_TEMPLATE_CODE", shared)
+            rules = parse_rules(path.read_text(), source=str(path))
+            built[shared] = [(r.name, _function_facts(r.pattern), _function_facts(r.replacement),
+                              r.compiled.graph.python_code("self").src) for r in rules]
+        assert built[True] == built[False], path.name
