@@ -30,13 +30,13 @@ import torch.fx.graph as _fx_graph
 import torch.fx.node as _fx_node
 import torch.utils._pytree as pytree
 from torch._guards import detect_fake_mode as _detect_fake_mode
-from torch._library.opaque_object import is_opaque_value_type
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.graph_module import _copy_attr
 from torch.fx.node import Node
 from torch.fx.subgraph_rewriter import _replace_attributes
 
 __all__ = [
+    "FX_CODEGEN_RESPELLED",
     "FakeTensor",
     "FakeTensorMode",
     "FxCodeGen",
@@ -68,6 +68,7 @@ __all__ = [
     "reparametrized",
     "set_code_fields",
     "set_graph_without_compiling",
+    "torch_version",
     "tree_flatten",
     "tree_leaves",
     "tree_unflatten",
@@ -174,6 +175,28 @@ def reparametrized(module: torch.nn.Module, state: Mapping[str, torch.Tensor]) -
 
 # ---- torch.fx's code generator, for fxrewrite.codegen's python_code ------------------------------
 # The slow twin is fx's own Graph.python_code; tests/test_codegen.py checks that both give the same code.
+
+try:
+    from torch._library.opaque_object import is_opaque_value_type
+except ImportError:  # a torch without opaque value types: no argument is one
+    def is_opaque_value_type(kind: type) -> bool:  # type: ignore[misc]
+        """No type is an opaque value type (this torch has none)."""
+        return False
+
+#: The torch versions (major, minor) whose fx code generator ``fxrewrite.codegen`` re-spells, each
+#: checked against fx's own by tests/test_codegen.py; on any other version fx's generator runs.
+FX_CODEGEN_RESPELLED = frozenset({(2, 13)})
+
+
+def torch_version() -> tuple[int, int]:
+    """The installed torch's (major, minor) version.
+
+    >>> torch_version() >= (2, 4)
+    True
+    """
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
 
 FxCodeGen = _fx_graph.CodeGen
 FxNamespace = _fx_graph._Namespace

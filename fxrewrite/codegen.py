@@ -36,6 +36,7 @@ from torch.fx.immutable_collections import immutable_dict, immutable_list
 from torch.fx.node import Node
 
 from ._torch import (
+    FX_CODEGEN_RESPELLED,
     FxCodeGen,
     FxNamespace,
     FxPythonCode,
@@ -48,6 +49,7 @@ from ._torch import (
     fx_type_repr,
     is_opaque_value_type,
     python_code_replaced,
+    torch_version,
 )
 from .errors import TargetError
 
@@ -56,7 +58,8 @@ __all__ = ["annotated_code", "check_folder", "code_diff", "forward_code", "pickl
 
 #: Generate a module's code with :func:`python_code`; ``False``: with fx's own ``Graph.python_code``
 #: (the slow twin; ``tests/test_codegen.py`` checks that both give the same code, globals and line map).
-FAST_CODEGEN = True
+#: On by default only on the torch versions whose generator it re-spells (``FX_CODEGEN_RESPELLED``).
+FAST_CODEGEN = torch_version() in FX_CODEGEN_RESPELLED
 
 _NO_TRACE = "# No stacktrace found for following nodes"
 
@@ -225,9 +228,10 @@ _DICTS = frozenset({dict, immutable_dict})
 _COUNTER = "# COUNTER: "  # fx's line-map marker: a generated line holding it goes to fx's generator
 
 
-class _Generator:
-    """One run of fx's ``CodeGen._gen_python_code`` (torch 2.13) for the default options, step by
-    step in its order: the same namespace calls, globals, lines and line map."""
+class _Printer:
+    """The naming half of :class:`_Generator`: fx's namespace, globals and argument printing
+    (``add_global``, ``node_repr``, ``type_repr``, ``_get_repr``, ``_format_args``), each node and
+    call target named once, in the order fx names them."""
 
     def __init__(self, graph: fx.Graph, root_module: str) -> None:
         self.graph, self.codegen, self.root = graph, graph._codegen, root_module
@@ -241,34 +245,6 @@ class _Generator:
         self.return_annotation = ""
         for name, obj in fx_codegen_builtins():
             self.add_global(name, obj)
-
-    def python_code(self) -> FxPythonCode:
-        nodes = list(self.graph.nodes)
-        if not nodes:
-            raise _Unsupported("an empty graph")
-        last_uses: dict[Node, list[Node]] = {}
-        seen: set[Node] = set()
-        for node in reversed(nodes):
-            for used in node._input_nodes:
-                if used not in seen:
-                    seen.add(used)
-                    last_uses.setdefault(node, []).append(used)
-        chunks = [self.emit(node) + self.free(node, last_uses) for node in nodes]
-        wrap_stmts = ""
-        if self.wrapped:
-            wrap_name = self.add_global("wrap", torch.fx.wrap)
-            wrap_stmts = "\n".join([f'{wrap_name}("{name}")' for name in self.wrapped])
-        for name, value in self.codegen.additional_globals():
-            self.add_global(name, value)
-        prologue = self.codegen._call_method_with_signature_check(
-            self.codegen.gen_fn_def, self.free_vars, self.return_annotation, expanded_def=False)
-        lineno_map, lines = _line_map(chunks, prologue.count("\n") + 1)
-        code = "\n".join(lines).lstrip("\n")
-        code = "    " + code.replace("\n", "\n    ")
-        if type(self.codegen) is not FxCodeGen and any(self.names.get(n, n.name) != n.name for n in nodes):
-            raise _Unsupported("a renamed node: another code generator may print node names itself")
-        return FxPythonCode(f"\n{wrap_stmts}\n\n{prologue}\n{code}", self.globals, _lineno_map=lineno_map,
-                            _prologue_start=wrap_stmts.count("\n") + 4)
 
     def add_global(self, name_hint: str, obj: Any) -> str:
         """fx's ``add_global``: the name ``obj`` has in the generated code."""
@@ -349,6 +325,39 @@ class _Generator:
         if kwargs:
             res.extend([f"{k} = {self.repr(v)}" for k, v in kwargs.items()])
         return ", ".join(res)
+
+
+class _Generator(_Printer):
+    """One run of fx's ``CodeGen._gen_python_code`` (torch 2.13) for the default options, step by
+    step in its order: the same namespace calls, globals, lines and line map."""
+
+    def python_code(self) -> FxPythonCode:
+        nodes = list(self.graph.nodes)
+        if not nodes:
+            raise _Unsupported("an empty graph")
+        last_uses: dict[Node, list[Node]] = {}
+        seen: set[Node] = set()
+        for node in reversed(nodes):
+            for used in node._input_nodes:
+                if used not in seen:
+                    seen.add(used)
+                    last_uses.setdefault(node, []).append(used)
+        chunks = [self.emit(node) + self.free(node, last_uses) for node in nodes]
+        wrap_stmts = ""
+        if self.wrapped:
+            wrap_name = self.add_global("wrap", torch.fx.wrap)
+            wrap_stmts = "\n".join([f'{wrap_name}("{name}")' for name in self.wrapped])
+        for name, value in self.codegen.additional_globals():
+            self.add_global(name, value)
+        prologue = self.codegen._call_method_with_signature_check(
+            self.codegen.gen_fn_def, self.free_vars, self.return_annotation, expanded_def=False)
+        lineno_map, lines = _line_map(chunks, prologue.count("\n") + 1)
+        code = "\n".join(lines).lstrip("\n")
+        code = "    " + code.replace("\n", "\n    ")
+        if type(self.codegen) is not FxCodeGen and any(self.names.get(n, n.name) != n.name for n in nodes):
+            raise _Unsupported("a renamed node: another code generator may print node names itself")
+        return FxPythonCode(f"\n{wrap_stmts}\n\n{prologue}\n{code}", self.globals, _lineno_map=lineno_map,
+                            _prologue_start=wrap_stmts.count("\n") + 4)
 
     def emit(self, node: Node) -> str:
         """fx's ``emit_node``: the node's line, without its end (see :meth:`free`)."""
