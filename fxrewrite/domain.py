@@ -67,9 +67,11 @@ def _check_keys(declared: Mapping[str, Any], allowed: Iterable[str], what: str, 
                 fix: str | None = None) -> None:
     """Raise for keys of ``declared`` not in ``allowed``, with the closest allowed key as a guess;
     ``fix`` ends the message (default: the list of keys)."""
-    allowed = sorted(allowed)
-    unknown = sorted(str(k) for k in set(declared) - set(allowed))
-    if unknown:
+    known = set(allowed)
+    unknown_keys = declared.keys() - known
+    if unknown_keys:  # (the message's sorting only when there is one to write)
+        allowed = sorted(known)
+        unknown = sorted(str(k) for k in unknown_keys)
         guesses = [g for k in unknown for g in difflib.get_close_matches(k, allowed, n=1)]
         hint = f" (did you mean {', '.join(repr(g) for g in guesses)}?)" if guesses else ""
         fix = fix if fix is not None else f"the keys are {allowed} (see fxrewrite.testing.DOMAIN_KEYS)"
