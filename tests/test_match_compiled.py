@@ -4,7 +4,8 @@
   (``_CompiledWalk``, ``_compiled_sound_match``) instead of the straight walk;
 * ``canon.meaning.FAST_KEYS``: node keys of targets that cannot be respelled, from a table;
 * ``canon.schema.PLANNED_BINDING``: ATen schemas read once per schema, not at every bind;
-* ``canon.identities.FAST_IDENTITY_TEST``: whether a call may be an identity, from a table by target.
+* ``canon.identities.FAST_IDENTITY_TEST``: whether a call may be an identity, from a table by target;
+* ``canon.schema.FAST_SCHEMA_KIND``: what a call computes, filed by the types of its arguments.
 
 Each test finds every match of every rule of the shipped library (``fxrewrite.load_rules()``) at
 every node of a graph, as the driver asks (no rejections asked for), once with the fast paths and
@@ -40,12 +41,15 @@ LIBRARY = standard_rules()
 
 @contextlib.contextmanager
 def _fast(fast: bool) -> Iterator[None]:
-    saved = match.COMPILED, meaning.FAST_KEYS, schema.PLANNED_BINDING, identities.FAST_IDENTITY_TEST
+    saved = (match.COMPILED, meaning.FAST_KEYS, schema.PLANNED_BINDING, identities.FAST_IDENTITY_TEST,
+             schema.FAST_SCHEMA_KIND)
     match.COMPILED = meaning.FAST_KEYS = schema.PLANNED_BINDING = identities.FAST_IDENTITY_TEST = fast
+    schema.FAST_SCHEMA_KIND = fast
     try:
         yield
     finally:
-        match.COMPILED, meaning.FAST_KEYS, schema.PLANNED_BINDING, identities.FAST_IDENTITY_TEST = saved
+        (match.COMPILED, meaning.FAST_KEYS, schema.PLANNED_BINDING, identities.FAST_IDENTITY_TEST,
+         schema.FAST_SCHEMA_KIND) = saved
 
 
 def every_match(gm: fx.GraphModule, rules=LIBRARY, *, fast: bool) -> list[tuple]:
@@ -184,3 +188,28 @@ def test_a_planned_binding_binds_as_the_schema_read_anew():
     bound = schema._bind(torch.ops.aten.max_pool2d.default._schema, (x, [2, 2]), {})
     bound["stride"].append(9)  # a default list is the caller's own, as the schema gives a fresh one
     assert schema._bind(torch.ops.aten.max_pool2d.default._schema, (x, [2, 2]), {})["stride"] == []
+
+
+def test_result_kinds_filed_by_argument_types_are_the_kinds_filed_by_layout():
+    """``FAST_SCHEMA_KIND``: every node of a traced program, an exported one and the shipped
+    library's patterns gets the same kind from the table by argument types (filled at the first
+    call, read at the second) as from the layout key, and the table files flat calls only."""
+    def program(x, n: int):
+        y = x.permute(1, 0) + x[:, None].squeeze(1) + (1 / x) + x.mT + x.sum([0, 1], True)
+        z = torch.relu(y).div_(2.0).view(-1, 3).view(x.size(0) * n, 3).clamp(min=0.0)
+        return z.max(-1).values, x.shape[0], torch.ops.aten.neg.default(z), x.size(), torch.pow(2, x), x.int()
+
+    gm = fx.symbolic_trace(program)
+    exported = torch.export.export(torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU()),
+                                   (torch.randn(2, 3),)).graph_module
+    graphs = [gm.graph, exported.graph, *(rule.compiled.graph for rule in LIBRARY)]
+    nodes = [n for g in graphs for n in g.nodes]
+    with _fast(False):
+        slow = [schema.result_kind(n) for n in nodes]
+    schema._flat_kinds.clear()
+    with _fast(True):
+        for _ in range(2):
+            assert [schema.result_kind(n) for n in nodes] == slow
+    assert {"tensor", "value", "sequence"} <= set(slow)
+    plain = (fx.Node, int, float)
+    assert schema._flat_kinds and all(all(t in plain for t in key[2]) for key in schema._flat_kinds)

@@ -428,7 +428,33 @@ def _layout(value: Any) -> Hashable:
     return type(value).__name__
 
 
+#: Kinds filed by ``(op, target, the types of the positional arguments)`` for calls without keywords
+#: whose arguments are all nodes, ints and floats (those types alone fix :func:`_layout`'s key):
+#: one ``tuple(map(type, args))`` instead of :func:`_layout`. ``False`` is the slow twin (the
+#: layout key at every call); ``tests/canon/test_schema.py`` checks that both answer alike.
+FAST_SCHEMA_KIND = True
+
+_flat_kinds: dict[Hashable, ResultKind] = {}
+
+
 def _schema_kind(node: Node) -> ResultKind:
+    if FAST_SCHEMA_KIND and not node.kwargs:
+        args = node.args
+        flat_key = (node.op, node.target, tuple(map(type, args)))
+        try:
+            return _flat_kinds[flat_key]
+        except KeyError:
+            kind = _schema_kind_by_layout(node)
+            if all(t in _PLAIN_LAYOUTS for t in flat_key[2]):
+                _flat_kinds[flat_key] = kind
+            return kind
+        except TypeError:  # an unhashable target
+            pass
+    return _schema_kind_by_layout(node)
+
+
+def _schema_kind_by_layout(node: Node) -> ResultKind:
+    """:func:`_schema_kind` filed by the layout of every argument (:func:`_layout`)."""
     try:
         kwargs = node.kwargs
         key = (node.op, node.target, _layout(node.args),
