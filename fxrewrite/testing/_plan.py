@@ -321,6 +321,21 @@ def _related_shape(draw: Any, base: tuple[int, ...], max_rank: int, smaller: boo
     return tuple(1 if one else side for one, side in zip(ones, kept, strict=False))
 
 
+@st.composite
+def _lean_related_shape(draw: Any, base: tuple[int, ...], max_rank: int, smaller: bool) -> tuple[int, ...]:
+    """:func:`_related_shape` with fewer choices when the shape is ``base``: how it broadcasts is
+    drawn only when it does (a third of the choices of a layout, drawn up to
+    :data:`MAX_LAYOUT_TRIES` times per input). For layouts drawn before values, whose pinned
+    shrinks do not depend on the order of each tensor's draws."""
+    broadcast = smaller or draw(st.booleans(), label="broadcast")
+    if not broadcast:
+        return base
+    drop = draw(st.integers(0, max_rank))
+    ones = draw(st.lists(st.booleans(), min_size=max_rank, max_size=max_rank))
+    kept = base[min(max(drop, 1) if smaller else drop, len(base)):]
+    return tuple(1 if one else side for one, side in zip(ones, kept, strict=False))
+
+
 def _tensor_dtypes(plan: InputPlan, param: Param) -> tuple[torch.dtype, ...]:
     own = plan.domain.tensor_domain(param.name).dtypes
     return own if own is not None else (plan.param_dtypes(param.name) or plan.domain.dtypes)
@@ -388,11 +403,13 @@ def _tensor_choices(draw: Any, plan: InputPlan) -> tuple[bool, str | None]:
     return mixed, deviant
 
 
-def _tensor_shape(draw: Any, plan: InputPlan, param: Param, base: tuple[int, ...]) -> tuple[int, ...]:
+def _tensor_shape(draw: Any, plan: InputPlan, param: Param, base: tuple[int, ...], *,
+                  lean: bool = False) -> tuple[int, ...]:
     own = plan.domain.tensor_domain(param.name)
     fixed = own.shape if own.shape is not None else base
     smaller = param.name == plan.smaller
-    shape = draw(_related_shape(base, plan.domain.ranks[1], smaller)) if param.name in plan.broadcastable else fixed
+    related = _lean_related_shape if lean else _related_shape
+    shape = draw(related(base, plan.domain.ranks[1], smaller)) if param.name in plan.broadcastable else fixed
     return () if param.name == plan.zero_dim else shape
 
 
@@ -452,7 +469,7 @@ def _tensor_layouts(draw: Any, plan: InputPlan, config: _Config, base: tuple[int
             drop = drops[param.name]
             shape = () if param.name == plan.zero_dim else base[min(drop, len(base)):]
         else:
-            shape = _tensor_shape(draw, plan, param, base)
+            shape = _tensor_shape(draw, plan, param, base, lean=True)
         dtype = _argument_dtype(draw, plan, config, param, mixed and deviant in (None, param.name))
         transposed = plan.domain.non_contiguous and draw(st.booleans(), label="non-contiguous")
         out[param.name] = _Layout(shape, dtype, transposed)
