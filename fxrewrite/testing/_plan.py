@@ -736,15 +736,18 @@ def _refused_on_stand_ins(plan: InputPlan, layouts: Mapping[str, _Layout], other
 
 
 def _draws_layouts_first(plan: InputPlan) -> bool:
-    """Rules with guards, literal captures or module captures draw layouts first: their guards
-    read the tensors' shapes, dtypes and layouts, and their patterns refuse shapes that do not
-    fit the literals (``reshape``, ``permute``, ``sum(x, d)``) or the modules. A refused layout is
+    """Rules with guards, ``int`` literal captures or module captures draw layouts first: their
+    guards read the tensors' shapes, dtypes and layouts, and their patterns refuse shapes that do
+    not fit the literals (``reshape``, ``permute``, ``sum(x, d)``) or the modules. Rules whose
+    literals are numbers the values meet (``(x * a) * b``) keep the plain draw: drawn after the
+    literals, the extreme values their counterexamples need (an overflow at ``a = 2``) were no
+    longer found in 300 examples. A refused layout is
     drawn again inside the input (:func:`_layouts_first`); rejecting the input instead made
     Hypothesis draw several times more (cheap refusals, Hypothesis' limit counts inputs). Rules
     with tensor arguments only and no guard keep the plain draw, each tensor's values with its
     layout: their patterns refuse few draws, and the pinned shrinks of their counterexamples
     depend on that order."""
-    return plan.harness is not None or bool(plan.literals) or bool(plan.modules)
+    return plan.harness is not None or bool(plan.modules) or any(p.annotation is int for p in plan.literals)
 
 
 @st.composite
