@@ -534,8 +534,8 @@ def test_replacements_creating_nodes_cost_linear_work_and_run_twice_however_many
     # Work is counted in function calls: 4x the blocks, about 4x the calls (a per-rewrite scan of
     # the graph would make it 16x).
     _calls_to_rewrite_a_chain_into_created_nodes(20)  # warm caches and lazy imports
-    (small, ran_small), (large, ran_large) = (_calls_to_rewrite_a_chain_into_created_nodes(250),
-                                              _calls_to_rewrite_a_chain_into_created_nodes(1000))
+    (small, ran_small), (large, ran_large) = (_calls_to_rewrite_a_chain_into_created_nodes(150),
+                                              _calls_to_rewrite_a_chain_into_created_nodes(600))
     assert ran_small == ran_large == 2
     assert large / small < 4.5, (small, large)
 
