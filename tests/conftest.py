@@ -6,7 +6,10 @@
 The one-second rule (CONTRIBUTING.md): a test that is not marked ``@pytest.mark.slow`` fails when
 its call takes :data:`SLOW_SECONDS` of CPU time or more. CPU time (this process's and that of the
 child processes it waited for), not wall time, so a machine loaded by other work does not make the
-check flaky; fixtures' set-up is not counted (a module-scoped fixture is shared by its tests).
+check flaky (torch runs on one intra-op thread in the tests, and so do the child processes they
+start: idle pool threads spin and bill CPU time that grows with the machine's load, up to 2.5x on
+a 2-core machine; the tests' tensors are too small to gain from threads); fixtures' set-up is
+not counted (a module-scoped fixture is shared by its tests).
 A call that imported modules is not judged: it paid the process's one-time cost of importing
 torch's parts (``torch.export``, Inductor), which falls on whichever test comes first in a file
 run alone or in an xdist worker, and on no test of a full run's later files.
@@ -50,6 +53,16 @@ def pytest_configure(config: pytest.Config) -> None:
     config._fxrewrite_cache_home = os.environ.get("XDG_CACHE_HOME")  # type: ignore[attr-defined]
     config._fxrewrite_test_cache = tempfile.mkdtemp(prefix="fxrewrite-test-cache-")  # type: ignore[attr-defined]
     os.environ["XDG_CACHE_HOME"] = config._fxrewrite_test_cache  # type: ignore[attr-defined]
+    _one_torch_thread()
+
+
+def _one_torch_thread() -> None:
+    """One intra-op thread for torch here and in the processes the tests start (see the module's
+    docstring: the one-second rule measures CPU time, which spinning pool threads inflate)."""
+    import torch
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
