@@ -184,3 +184,37 @@ def test_the_rule_index_makes_the_graph_and_the_report_its_slow_twin_makes(monke
         probe.run()
         saved.append(sum(probe.rules.left_out().values()))
     assert saved[-1] > 0  # the literal-differing rules: the index left rules out and the report still agrees
+
+
+def test_a_sorted_fill_pops_what_the_one_heap_pops(monkeypatch):
+    """``SORTED_FILL`` (the fill served from a sorted list ahead of the heap of later pushes)
+    pops the nodes the one heap (its slow twin) pops, in the same order, through pushes before
+    and after the fill's front, erased nodes and nodes created where an erased one stood."""
+    import fxrewrite.driver as driver
+
+    def chain(a):
+        for i in range(12):
+            a = torch.relu(a) if i % 3 else torch.neg(a)
+        return a
+
+    popped = {}
+    for sorted_fill in (False, True):
+        monkeypatch.setattr(driver, "SORTED_FILL", sorted_fill)
+        gm = fx.symbolic_trace(chain)
+        nodes = calls(gm)
+        work = Worklist({1: {key(nodes[0])}, 0: {key(nodes[0]), key(nodes[1])}})
+        for level in (1, 0):
+            work.fill(level, reversed(nodes))  # against graph order: the fill sorts
+        order = [work.pop(), work.pop()]
+        work.push(nodes[0])  # popped already: queued again, ahead of the rest
+        work.push_all([nodes[5], nodes[9]])  # still waiting: not queued twice
+        nodes[4].replace_all_uses_with(nodes[3])
+        gm.graph.erase_node(nodes[4])
+        with gm.graph.inserting_after(nodes[3]):
+            fresh = gm.graph.call_function(torch.relu, (nodes[3],))
+        work.push(fresh)
+        waiting = len(work)  # the erased node counts until a pop drops it
+        order += list(iter(work.pop, None))
+        popped[sorted_fill] = [waiting] + [(n.name, level) for n, level in order]
+    assert popped[True] == popped[False]
+    assert popped[True][0] == 24 and ("relu_8", 0) in popped[True] and ("neg", 1) in popped[True]
