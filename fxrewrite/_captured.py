@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["CapturedModules", "ModuleWrite", "written_positions"]
+__all__ = ["CapturedModules", "DynamoWrappedModules", "ModuleWrite", "captured_modules", "written_positions"]
 
 _UNKNOWN = object()
 _SWAPPED = "its .data was replaced"
@@ -146,6 +146,15 @@ class CapturedModules(TorchDispatchMode):
             self._storages.pop(0, None)
         return self._storages
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """No ``torch._disable_dynamo`` wrapper around ``__torch_dispatch__`` (torch adds one to
+        every mode class that does not say so): the guard runs while a replacement runs at rewrite
+        time, where Dynamo traces nothing, and the wrapper cost ~1.5 us of each of the ~17 ops a
+        conv-bn fold dispatches. :class:`DynamoWrappedModules` keeps it (the slow twin, see
+        :data:`UNWRAPPED_DISPATCH`)."""
+        return False
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         for i, name in written_positions(func):
@@ -174,6 +183,28 @@ class CapturedModules(TorchDispatchMode):
             if state.changed() == _SWAPPED:
                 with torch.no_grad():
                     state.tensor.data = state.data
+
+
+class DynamoWrappedModules(CapturedModules):
+    """:class:`CapturedModules` with torch's ``torch._disable_dynamo`` wrapper around
+    ``__torch_dispatch__`` (the slow twin of :data:`UNWRAPPED_DISPATCH`)."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return True
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return CapturedModules.__torch_dispatch__(self, func, types, args, kwargs)
+
+
+#: Guard with :class:`CapturedModules` (no Dynamo wrapper around its dispatch); ``False``: with
+#: :class:`DynamoWrappedModules` (``tests/test_captured.py`` checks both refuse and undo alike).
+UNWRAPPED_DISPATCH = True
+
+
+def captured_modules(modules: dict[str, torch.nn.Module]) -> CapturedModules:
+    """The guard for ``modules`` (see :class:`CapturedModules` and :data:`UNWRAPPED_DISPATCH`)."""
+    return (CapturedModules if UNWRAPPED_DISPATCH else DynamoWrappedModules)(modules)
 
 
 def _address(t: torch.Tensor) -> int:

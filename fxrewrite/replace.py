@@ -37,7 +37,7 @@ import torch
 import torch.fx as fx
 from torch.fx.node import Node
 
-from ._captured import CapturedModules, ModuleWrite
+from ._captured import CapturedModules, ModuleWrite, captured_modules
 from ._module_calls import DUNDER, first_mode, next_mode, recording
 from ._torch import add_node, fresh_node_name, is_erased, node_name_base, tree_leaves
 from .canon import (
@@ -864,7 +864,7 @@ def _guard_for(match: Match, tracer: _ReplacementTracer) -> CapturedModules | No
     """The guard for the modules ``match`` binds, named by their path; ``None`` when it binds none."""
     modules = {tracer._module_paths.get(id(v), name): v for name, v in match.bindings.items()
                if isinstance(v, torch.nn.Module)}
-    return CapturedModules(modules) if modules else None
+    return captured_modules(modules) if modules else None
 
 
 def _module_write_message(rule: Rule, match: Match, exc: ModuleWrite) -> str:

@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from fxrewrite._captured import CapturedModules, ModuleWrite, written_positions
+import fxrewrite._captured as captured
+from fxrewrite._captured import CapturedModules, DynamoWrappedModules, ModuleWrite, captured_modules, written_positions
 
 
 def _schema_scan(func):
@@ -31,10 +32,25 @@ def test_written_positions_of_the_ops_that_write():
     assert written_positions(torch.ops.aten.add.Tensor) == ()
 
 
+@pytest.fixture(autouse=True, params=[True, False], ids=["unwrapped", "dynamo-wrapped"])
+def _dispatch(request, monkeypatch):
+    """Every guard test runs with the guard ``rewrite`` uses and with its slow twin (torch's
+    Dynamo wrapper around ``__torch_dispatch__``, :data:`~fxrewrite._captured.UNWRAPPED_DISPATCH`)."""
+    monkeypatch.setattr(captured, "UNWRAPPED_DISPATCH", request.param)
+    return request.param
+
+
 def _captured():
     torch.manual_seed(0)
     conv, bn = nn.Conv2d(2, 2, 1), nn.BatchNorm2d(2).eval()
-    return conv, bn, CapturedModules({"conv": conv, "bn": bn})
+    return conv, bn, captured_modules({"conv": conv, "bn": bn})
+
+
+def test_the_guard_is_the_unwrapped_class_and_its_slow_twin_the_wrapped_one(_dispatch):
+    guard = _captured()[2]
+    assert type(guard) is (CapturedModules if _dispatch else DynamoWrappedModules)
+    assert hasattr(vars(DynamoWrappedModules)["__torch_dispatch__"], "__wrapped__")  # torch's wrapper
+    assert not hasattr(vars(CapturedModules)["__torch_dispatch__"], "__wrapped__")
 
 
 @pytest.mark.parametrize("write", [lambda conv, bn: conv.weight.data.mul_(2),
