@@ -1067,6 +1067,26 @@ def _same_value(expected: Any, actual: Any) -> bool:
         return False
 
 
+def anchor_module_class(pattern: Pattern) -> type | None:
+    """The class a graph node's module must be an instance of for ``pattern`` to match there as
+    its anchor (default options), when the anchor is a module capture's call; else ``None``.
+
+    The search meets the anchor as :meth:`_Search.operation` does: an output (nothing looked
+    through behind it), no size expression and no pattern identity (no other way to match it),
+    so it goes to :meth:`_Search.module`, which refuses a module that is not an instance of the
+    capture's class before anything else. A driver may skip such nodes without the search
+    (``fxrewrite.driver.FAST_MODULE_ANCHOR``)."""
+    pn = pattern.anchor
+    if (pn.op != "call_module" or pn not in pattern.outputs or pn in pattern.value_nodes
+            or pn in pattern.identities):
+        return None
+    capture = pattern.placeholders.get(str(pn.target))
+    param = pattern.param_of.get(capture) if capture is not None else None
+    if param is None or param.kind != "module" or not isinstance(param.annotation, type):
+        return None
+    return param.annotation
+
+
 def module_refusal(module: torch.nn.Module, param: Param) -> str | None:
     """Why a module capture must not bind ``module`` (folding it away would change what the
     program computes), or ``None``: hooks, parametrizations, and subclasses that override a

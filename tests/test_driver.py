@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import operator
 
+import pytest
 import torch
 import torch.fx as fx
 from _helpers import X
@@ -218,3 +219,58 @@ def test_a_sorted_fill_pops_what_the_one_heap_pops(monkeypatch):
         popped[sorted_fill] = [waiting] + [(n.name, level) for n, level in order]
     assert popped[True] == popped[False]
     assert popped[True][0] == 24 and ("relu_8", 0) in popped[True] and ("neg", 1) in popped[True]
+
+
+@pytest.mark.parametrize("flag", ["SORTED_FILL", "FAST_MODULE_ANCHOR"])
+def test_the_drivers_fast_paths_make_the_graph_and_the_report_their_slow_twins_make(monkeypatch, flag):
+    """Each fast path of the driver against its slow twin (the flag off): the same code and the
+    same report (applied, attempts, rejected and why) on the library's programs."""
+    from _helpers import assert_rewrite_sound
+
+    import fxrewrite.driver as driver
+    from fxrewrite import rewrite
+
+    for name, rules, gm, inputs in _programs():
+        results = {}
+        for fast in (False, True):
+            monkeypatch.setattr(driver, flag, fast)
+            results[fast] = rewrite(gm, rules)
+            assert_rewrite_sound(gm, results[fast], *inputs, rtol=1e-4, atol=1e-5)
+        assert results[True].code == results[False].code, name
+        for what in ("applied", "attempts", "rejected", "reasons"):
+            assert dict(getattr(results[True].report, what)) == dict(getattr(results[False].report, what)), (name, what)
+
+
+def test_a_rule_anchored_at_a_module_capture_skips_modules_of_another_class_without_the_search(monkeypatch):
+    """``FAST_MODULE_ANCHOR``: a conv fed by a conv is no BatchNorm, so the folding rule is
+    counted as tried there but not searched (its slow twin searches it); the bn is folded."""
+    from _helpers import standard_rules
+
+    import fxrewrite.driver as driver
+    from fxrewrite.match import anchor_module_class
+
+    class ConvConvBn(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1, self.conv2 = torch.nn.Conv2d(3, 4, 1), torch.nn.Conv2d(4, 4, 1)
+            self.bn = torch.nn.BatchNorm2d(4)
+
+        def forward(self, x):
+            return self.bn(self.conv2(self.conv1(x)))
+
+    rules = RuleSet([standard_rules()["conv_bn_fold"]])
+    assert anchor_module_class(rules["conv_bn_fold"].compiled) is torch.nn.modules.batchnorm._BatchNorm
+    real = driver.match_at
+    for fast in (True, False):
+        searched: list[str] = []
+
+        def spy(pattern, node, *args, searched=searched, **kwargs):
+            searched.append(node.target)
+            return real(pattern, node, *args, **kwargs)
+
+        monkeypatch.setattr(driver, "match_at", spy)
+        monkeypatch.setattr(driver, "FAST_MODULE_ANCHOR", fast)
+        probe = Driver(fx.symbolic_trace(ConvConvBn().eval()), rules, budget=10, debug=True)
+        probe.run()
+        assert probe.rewrites == 1 and "bn" in searched and ("conv2" in searched) is not fast
+        assert probe.report(0.0).attempts["conv_bn_fold"] == 4  # conv1, conv2, bn and the folded conv
