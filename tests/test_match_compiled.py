@@ -5,7 +5,9 @@
 * ``canon.meaning.FAST_KEYS``: node keys of targets that cannot be respelled, from a table;
 * ``canon.schema.PLANNED_BINDING``: ATen schemas read once per schema, not at every bind;
 * ``canon.identities.FAST_IDENTITY_TEST``: whether a call may be an identity, from a table by target;
-* ``canon.schema.FAST_SCHEMA_KIND``: what a call computes, filed by the types of its arguments.
+* ``canon.schema.FAST_SCHEMA_KIND``: what a call computes, filed by the types of its arguments;
+* ``canon.schema.FAST_RESULT_KIND``: that table read first for calls without metadata of targets
+  that go straight to their schema.
 
 Each test finds every match of every rule of the shipped library (``fxrewrite.load_rules()``) at
 every node of a graph, as the driver asks (no rejections asked for), once with the fast paths and
@@ -16,6 +18,7 @@ outputs) and counts them: they must be exactly the same, and there must be many.
 from __future__ import annotations
 
 import contextlib
+import operator
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,14 +45,14 @@ LIBRARY = standard_rules()
 @contextlib.contextmanager
 def _fast(fast: bool) -> Iterator[None]:
     saved = (match.COMPILED, meaning.FAST_KEYS, schema.PLANNED_BINDING, identities.FAST_IDENTITY_TEST,
-             schema.FAST_SCHEMA_KIND)
+             schema.FAST_SCHEMA_KIND, schema.FAST_RESULT_KIND)
     match.COMPILED = meaning.FAST_KEYS = schema.PLANNED_BINDING = identities.FAST_IDENTITY_TEST = fast
-    schema.FAST_SCHEMA_KIND = fast
+    schema.FAST_SCHEMA_KIND = schema.FAST_RESULT_KIND = fast
     try:
         yield
     finally:
         (match.COMPILED, meaning.FAST_KEYS, schema.PLANNED_BINDING, identities.FAST_IDENTITY_TEST,
-         schema.FAST_SCHEMA_KIND) = saved
+         schema.FAST_SCHEMA_KIND, schema.FAST_RESULT_KIND) = saved
 
 
 def every_match(gm: fx.GraphModule, rules=LIBRARY, *, fast: bool) -> list[tuple]:
@@ -207,9 +210,15 @@ def test_result_kinds_filed_by_argument_types_are_the_kinds_filed_by_layout():
     with _fast(False):
         slow = [schema.result_kind(n) for n in nodes]
     schema._flat_kinds.clear()
+    schema._schema_targets.clear()
     with _fast(True):
         for _ in range(2):
             assert [schema.result_kind(n) for n in nodes] == slow
     assert {"tensor", "value", "sequence"} <= set(slow)
+    # FAST_RESULT_KIND: the second round read the table first for the targets that go to their schema
+    assert (("call_function", torch.relu) in schema._schema_targets
+            and ("call_function", torch.ops.aten.neg.default) in schema._schema_targets)
+    assert not any(target in (getattr, operator.getitem, operator.add, operator.truediv, "size", "type")
+                   for _, target in schema._schema_targets)
     plain = (fx.Node, int, float)
     assert schema._flat_kinds and all(all(t in plain for t in key[2]) for key in schema._flat_kinds)

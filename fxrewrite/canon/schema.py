@@ -12,7 +12,7 @@ from typing import Any, Literal
 import torch
 from torch.fx.node import Node
 
-from ..meta import described, has_value, value_of
+from ..meta import _DYNAMO_VALUE, _TENSOR_META, _VALUE, described, has_value, value_of
 from .ops import (
     _VARARG_METHODS,
     COMMUTATIVE,
@@ -332,7 +332,32 @@ def result_kind(node: Node) -> ResultKind:
     >>> [(n.name, result_kind(n)) for n in gm.graph.nodes if n.op == "call_method" or n.op == "call_function"]
     [('size', 'value'), ('size_1', 'value'), ('mul', 'value'), ('reshape', 'tensor')]
     """
+    if FAST_RESULT_KIND and not node.kwargs:
+        meta = node.meta
+        if not meta or (_VALUE not in meta and _DYNAMO_VALUE not in meta and meta.get(_TENSOR_META) is None):
+            try:  # no metadata, a target that goes straight to its schema: the kind filed by argument types
+                if (node.op, node.target) in _schema_targets:
+                    return _flat_kinds[node.op, node.target, tuple(map(type, node.args))]
+            except (KeyError, TypeError):
+                pass
     return _kind(node, {})
+
+
+#: Answer :func:`result_kind` of a call without keywords or metadata whose target goes straight to
+#: :func:`_schema_kind` (no Python arithmetic, ``getattr``, ``getitem``, ``math``, value method)
+#: from :data:`_flat_kinds`, without the walk of :func:`_kind`; ``False`` is the slow twin
+#: (``tests/test_match_compiled.py`` compares both on traced, exported and pattern graphs).
+FAST_RESULT_KIND = True
+#: ``(op, target)`` whose calls without metadata :func:`_kind` hands to :func:`_schema_kind`
+#: whatever their arguments (filled as :func:`_kind` meets them; targets only, never stale).
+_schema_targets: set[tuple[str, Any]] = set()
+
+
+def _file_schema_target(node: Node) -> None:
+    try:
+        _schema_targets.add((node.op, node.target))
+    except TypeError:  # an unhashable target
+        pass
 
 
 _KIND_BUDGET = 64  # nodes visited to decide one node's kind (Python arithmetic looks at its inputs)
@@ -382,8 +407,11 @@ def _kind_of_value(value: Any) -> ResultKind:
 def _method_kind(node: Node) -> ResultKind:
     if node.target in VALUE_METHODS:
         return "value"
-    if node.target == "type" and len(node.args) == 1 and not node.kwargs:
-        return "value"  # x.type() is the type's name
+    if node.target == "type":
+        if len(node.args) == 1 and not node.kwargs:
+            return "value"  # x.type() is the type's name
+    else:
+        _file_schema_target(node)
     return _schema_kind(node)
 
 
@@ -406,6 +434,7 @@ def _function_kind(node: Node, seen: dict[Node, ResultKind]) -> ResultKind:
         return "value" if kinds == {"value"} else "unknown"
     if getattr(target, "__module__", None) == "math":
         return "value"
+    _file_schema_target(node)
     return _schema_kind(node)
 
 
