@@ -207,8 +207,27 @@ def indexed(how: str) -> Iterator[None]:
         with (plain_rules() if _builtin_index() is not None else contextlib.nullcontext()):
             yield
     else:
-        with (contextlib.nullcontext() if _builtin_index() is not None else indexed_rules()):
+        with (counted_tries() if _builtin_index() is not None else indexed_rules()):
             yield
+
+
+@contextlib.contextmanager
+def counted_tries() -> Iterator[None]:
+    """Within the block, :data:`TRIES` gets the rules the driver's own index let it try (its
+    report's attempts less those it counted for the rules the index left out)."""
+    cls = _driver_class()
+    saved = cls.report
+
+    def report(self: Any, seconds: float) -> Any:
+        counted = saved(self, seconds)
+        TRIES[0] = sum(counted.attempts.values()) - sum(self.rules.left_out().values())
+        return counted
+
+    cls.report = report  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        cls.report = saved  # type: ignore[attr-defined]
 
 
 @contextlib.contextmanager
@@ -301,7 +320,7 @@ def measure(family: str, count: int, size: int, repeat: int) -> Row:
                 seconds, result = _cpu(lambda: fxrewrite.rewrite(gm, rules))
             times[how].append(seconds)
             attempts = sum(result.report.attempts.values())
-            tries = TRIES[0] if _builtin_index() is None else _tries(result)
+            tries = TRIES[0]
             setattr(row, f"{how}_attempts", tries if how == "indexed" else attempts)
             if how == "indexed" and attempts != row.plain_attempts:
                 row.errors.append(f"Report.attempts differs with the index: {attempts}, plain {row.plain_attempts}")
@@ -317,12 +336,6 @@ def measure(family: str, count: int, size: int, repeat: int) -> Row:
         row.errors.append("the indexed driver left other code than the plain one")
     row.plain_ms, row.indexed_ms = (statistics.median(times[h]) * 1e3 for h in ("plain", "indexed"))
     return row
-
-
-def _tries(result: Any) -> int:
-    """Rules the driver actually tried (its attempts less those it counted for the index's
-    left-out rules), when the driver says; else the attempts."""
-    return int(getattr(result.report, "tried", sum(result.report.attempts.values())))
 
 
 def check_seconds(jobs: int = 2) -> tuple[float, str]:

@@ -193,6 +193,13 @@ def test_bench_rules_quick_mode_reports_both_families_and_their_verdicts(bench_r
     assert "CORRECTNESS: PASS" in text
 
 
+def test_bench_rules_counts_the_rules_the_index_let_the_driver_try(bench_rules):
+    row = bench_rules.measure("literal", 100, 300, 1)
+    assert not row.errors, row.errors
+    # 100 rules share the anchor and differ in literals: the index offers the one that fits.
+    assert row.indexed_attempts * 20 < row.plain_attempts, (row.indexed_attempts, row.plain_attempts)
+
+
 def test_the_rule_families_are_the_same_program_for_every_rule_count_and_the_index_makes_the_same_rewrites(
         bench_rules):
     import torch
