@@ -66,6 +66,12 @@ def contains_proxy(values: Any) -> bool:
     return any(isinstance(v, fx.Proxy) for v in tree_leaves(values))
 
 
+def _called_on_proxies(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """:func:`contains_proxy` of a call's arguments, a Proxy among the positional ones first (a
+    Proxy is a leaf of the pytree: found there, it is found without flattening the rest)."""
+    return any(isinstance(a, fx.Proxy) for a in args) or contains_proxy((args, kwargs))
+
+
 def first_mode(rule: Rule) -> str:
     """The mode ``rule``'s replacement is called in first."""
     if not may_call_modules(rule):
@@ -133,7 +139,7 @@ class _ModuleCalls:
 def _module_call(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     """``nn.Module.__call__`` while replaced (:data:`DUNDER`)."""
     tracer = _ModuleCalls.active_tracer()
-    if tracer is not None and contains_proxy((args, kwargs)):
+    if tracer is not None and _called_on_proxies(args, kwargs):
         return tracer.module_call(module, args, kwargs)
     return _ModuleCalls._original["__call__"](module, *args, **kwargs)
 
@@ -141,7 +147,7 @@ def _module_call(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
 def _module_call_impl(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     """``nn.Module._call_impl`` while replaced (:data:`IMPL`)."""
     tracer = _ModuleCalls.active_tracer()
-    if tracer is not None and contains_proxy((args, kwargs)):
+    if tracer is not None and _called_on_proxies(args, kwargs):
         return tracer.module_call(module, args, kwargs)
     return _ModuleCalls._original["_call_impl"](module, *args, **kwargs)
 

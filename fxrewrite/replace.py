@@ -158,6 +158,7 @@ class _ReplacementTracer(fx.Tracer):
         self.read_metadata = False
         self.called_module = False
         self._next_suffix: dict[str, int] = {}
+        self._bases: dict[str, str] = {}  # "<rule>_<what>" -> the identifier made of it (see _fresh_name)
         #: Per rule name: what every node its replacement creates carries, where the replaced code
         #: sat aside (see :meth:`begin`); read only, copied into each node's ``meta``.
         self._rule_meta: dict[str, dict[str, Any]] = {}
@@ -254,7 +255,10 @@ class _ReplacementTracer(fx.Tracer):
     def _fresh_name(self, what: str) -> str:
         """``<rule>_<what>_<k>`` with the first free ``k``; the search resumes where the last one
         for this base stopped (a rule folding a thousand convolutions costs linear time)."""
-        base = re.sub(r"\W", "_", f"{self.rule.name if self.rule else 'fxrewrite'}_{what}")
+        prefix = f"{self.rule.name if self.rule else 'fxrewrite'}_{what}"
+        base = self._bases.get(prefix)
+        if base is None:
+            base = self._bases[prefix] = re.sub(r"\W", "_", prefix)
         k = self._next_suffix.get(base, 0)
         while hasattr(self.root, f"{base}_{k}"):
             k += 1
