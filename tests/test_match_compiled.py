@@ -222,3 +222,21 @@ def test_result_kinds_filed_by_argument_types_are_the_kinds_filed_by_layout():
                    for _, target in schema._schema_targets)
     plain = (fx.Node, int, float)
     assert schema._flat_kinds and all(all(t in plain for t in key[2]) for key in schema._flat_kinds)
+
+
+def test_result_kinds_read_from_the_table_inside_the_walk_keep_its_budget():
+    """``FAST_RESULT_KIND`` inside :func:`_kind`'s walk (the inputs of Python arithmetic): a chain
+    of arithmetic longer than the walk's budget gets the kind the slow walk gives at every node."""
+    def chain(x):
+        y = torch.relu(x)
+        for i in range(2 * schema._KIND_BUDGET):
+            y = y * 0.5 if i % 2 else y + 1.0
+        return y
+
+    nodes = list(fx.symbolic_trace(chain).graph.nodes)
+    with _fast(False):
+        slow = [schema.result_kind(n) for n in nodes]
+    with _fast(True):
+        [schema.result_kind(n) for n in nodes]  # files relu's target
+        assert [schema.result_kind(n) for n in nodes] == slow
+    assert {"tensor", "unknown"} <= set(slow)  # the budget ran out far from relu

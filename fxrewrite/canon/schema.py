@@ -332,15 +332,26 @@ def result_kind(node: Node) -> ResultKind:
     >>> [(n.name, result_kind(n)) for n in gm.graph.nodes if n.op == "call_method" or n.op == "call_function"]
     [('size', 'value'), ('size_1', 'value'), ('mul', 'value'), ('reshape', 'tensor')]
     """
-    if FAST_RESULT_KIND and not node.kwargs:
-        meta = node.meta
-        if not meta or (_VALUE not in meta and _DYNAMO_VALUE not in meta and meta.get(_TENSOR_META) is None):
-            try:  # no metadata, a target that goes straight to its schema: the kind filed by argument types
-                if (node.op, node.target) in _schema_targets:
-                    return _flat_kinds[node.op, node.target, tuple(map(type, node.args))]
-            except (KeyError, TypeError):
-                pass
+    if FAST_RESULT_KIND:
+        kind = _filed_kind(node)
+        if kind is not None:
+            return kind
     return _kind(node, {})
+
+
+def _filed_kind(node: Node) -> ResultKind | None:
+    """The kind of a call without keywords or metadata whose target goes straight to its schema,
+    from :data:`_flat_kinds` (what :func:`_kind` would work out), or ``None`` when not filed."""
+    if node.kwargs:
+        return None
+    meta = node.meta
+    if not meta or (_VALUE not in meta and _DYNAMO_VALUE not in meta and meta.get(_TENSOR_META) is None):
+        try:  # no metadata, a target that goes straight to its schema: the kind filed by argument types
+            if (node.op, node.target) in _schema_targets:
+                return _flat_kinds.get((node.op, node.target, tuple(map(type, node.args))))
+        except TypeError:  # an unhashable target
+            pass
+    return None
 
 
 #: Answer :func:`result_kind` of a call without keywords or metadata whose target goes straight to
@@ -368,6 +379,11 @@ def _kind(node: Node, seen: dict[Node, ResultKind]) -> ResultKind:
         return seen[node]
     if len(seen) > _KIND_BUDGET:
         return "unknown"
+    if FAST_RESULT_KIND:  # (an input of Python arithmetic, met in the walk)
+        filed = _filed_kind(node)
+        if filed is not None:
+            seen[node] = filed
+            return filed
     seen[node] = "unknown"  # while deciding (a graph has no cycles; this bounds the walk)
     kind = _kind_from_meta(node)
     if kind is None:
