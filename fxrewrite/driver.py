@@ -426,26 +426,9 @@ class Driver:
                                          candidates=self.index.nodes))
 
     def _requeue(self, change: Change) -> None:
-        """Queue the created nodes, and what lies downstream of them and of the inputs that lost a
-        user, up to the deepest pattern's reach (such an input may now be an inner node of a
-        match, but only if it has no more users than the largest pattern has nodes)."""
-        created = [n for n in change.created if not is_erased(n)]
-        largest = self.largest
-        frontier = created + [n for n in change.inputs if not is_erased(n) and len(n.users) <= largest]
-        seen = set(frontier)
-        reached = created
-        for _ in range(self.reach):
-            next_frontier = []
-            for n in frontier:
-                for user in n.users:
-                    if user not in seen:
-                        seen.add(user)
-                        next_frontier.append(user)
-            if not next_frontier:
-                break
-            reached += next_frontier
-            frontier = next_frontier
-        self.worklist.push_all(reached)  # in one go: the worklist keeps graph order whatever the push order
+        """Queue what ``change`` may have made matchable (:func:`_reached`), in one go: the worklist
+        keeps graph order whatever the push order."""
+        self.worklist.push_all(_reached(change, self.reach, self.largest))
 
     @property
     def last_rewrite(self) -> str | None:
@@ -476,6 +459,28 @@ class Driver:
                 f"debug check: the graph fails lint after rule '{rule.name}' ({rule.origin}) was applied: {exc}"
             ) from exc
 
+
+
+def _reached(change: Change, reach: int, largest: int) -> list[Node]:
+    """The created nodes, and what lies downstream of them and of the inputs that lost a user, up
+    to ``reach`` (the deepest pattern's) users away; such an input may now be an inner node of a
+    match, but only if it has no more users than the largest pattern has nodes (``largest``)."""
+    created = [n for n in change.created if not is_erased(n)]
+    frontier = created + [n for n in change.inputs if not is_erased(n) and len(n.users) <= largest]
+    seen = set(frontier)
+    reached = created
+    for _ in range(reach):
+        next_frontier = []
+        for n in frontier:
+            for user in n.users:
+                if user not in seen:
+                    seen.add(user)
+                    next_frontier.append(user)
+        if not next_frontier:
+            break
+        reached += next_frontier
+        frontier = next_frontier
+    return reached
 
 
 def _did_not_converge(ruleset: RuleSet, recent: Iterable[str], budget: int) -> DidNotConverge:
