@@ -65,6 +65,31 @@ def _category(dtype: torch.dtype) -> int:
     return _CATEGORIES.get(dtype, 2 if dtype.is_floating_point else 1)
 
 
+#: Strategies made once per plan and arguments (each composite's strategy object, sampled
+#: values, literal strategies) instead of at every draw: a new strategy object is validated and
+#: labelled when first drawn (~30 us each, several per layout try). The same strategies, drawn
+#: alike; False is the slow twin, making each anew (tests/testing/test_draws_fast.py compares them).
+REUSED_STRATEGIES = True
+
+
+def _reused(factory: Any) -> Any:
+    """``factory`` (a function returning a strategy, of hashable arguments), remembered by its
+    arguments while :data:`REUSED_STRATEGIES` is on."""
+    remembered = functools.lru_cache(maxsize=4096)(factory)
+
+    @functools.wraps(factory)
+    def make(*args: Any, **kwargs: Any) -> Any:
+        return remembered(*args, **kwargs) if REUSED_STRATEGIES else factory(*args, **kwargs)
+
+    make.uncached = factory  # type: ignore[attr-defined]
+    return make
+
+
+@_reused
+def _sampled(values: tuple[Any, ...]) -> SearchStrategy[Any]:
+    return st.sampled_from(values)
+
+
 @attrs.frozen
 class _Config:
     """The dtype of the tensor arguments and the rank of the largest one; ``overrides`` gives
@@ -254,6 +279,7 @@ class InputPlan:
         return _valid_inputs(self)
 
 
+@_reused
 @st.composite
 def _modules(draw: Any, plan: InputPlan) -> dict[str, nn.Module]:
     if not plan.modules:
@@ -280,6 +306,7 @@ def _modules(draw: Any, plan: InputPlan) -> dict[str, nn.Module]:
     return out
 
 
+@_reused
 @st.composite
 def _module_attributes(draw: Any, cls: type[nn.Module], width: int) -> dict[str, Any]:
     """Constructor attributes of a default module, each shrinking to the constructor's default:
@@ -304,6 +331,21 @@ def _base_shape(plan: InputPlan, shape: Sequence[int], modules: Mapping[str, nn.
     return fit_input_shape(modules[module], shape) if module is not None else tuple(shape)
 
 
+#: Which dimensions of a broadcast shape are 1, drawn as one integer (a bit per dimension): one
+#: choice instead of one per dimension, and shapes with size-1 dimensions beside equal ranks are
+#: drawn more often (the list drew them in 2 to 7 of 300 inputs of two tensors, the integer in ~20); False is
+#: the slow twin, a list of booleans.
+ONES_AS_BITS = True
+
+
+def _ones(draw: Any, max_rank: int) -> list[bool]:
+    if ONES_AS_BITS:
+        bits = draw(st.integers(0, 2**max_rank - 1))
+        return [bool(bits >> i & 1) for i in range(max_rank)]
+    return list(draw(st.lists(st.booleans(), min_size=max_rank, max_size=max_rank)))
+
+
+@_reused
 @st.composite
 def _related_shape(draw: Any, base: tuple[int, ...], max_rank: int, smaller: bool) -> tuple[int, ...]:
     """``base``, or (shrinking towards ``base``) a shape that broadcasts to it: leading
@@ -312,7 +354,7 @@ def _related_shape(draw: Any, base: tuple[int, ...], max_rank: int, smaller: boo
     without disturbing what is drawn after."""
     broadcast = draw(st.booleans(), label="broadcast")
     drop = draw(st.integers(0, max_rank))
-    ones = draw(st.lists(st.booleans(), min_size=max_rank, max_size=max_rank))
+    ones = _ones(draw, max_rank)
     if smaller:
         broadcast, drop = True, max(drop, 1)
     if not broadcast:
@@ -321,6 +363,7 @@ def _related_shape(draw: Any, base: tuple[int, ...], max_rank: int, smaller: boo
     return tuple(1 if one else side for one, side in zip(ones, kept, strict=False))
 
 
+@_reused
 @st.composite
 def _lean_related_shape(draw: Any, base: tuple[int, ...], max_rank: int, smaller: bool) -> tuple[int, ...]:
     """:func:`_related_shape` with fewer choices when the shape is ``base``: how it broadcasts is
@@ -331,7 +374,7 @@ def _lean_related_shape(draw: Any, base: tuple[int, ...], max_rank: int, smaller
     if not broadcast:
         return base
     drop = draw(st.integers(0, max_rank))
-    ones = draw(st.lists(st.booleans(), min_size=max_rank, max_size=max_rank))
+    ones = _ones(draw, max_rank)
     kept = base[min(max(drop, 1) if smaller else drop, len(base)):]
     return tuple(1 if one else side for one, side in zip(ones, kept, strict=False))
 
@@ -344,14 +387,14 @@ def _tensor_dtypes(plan: InputPlan, param: Param) -> tuple[torch.dtype, ...]:
 def _argument_dtype(draw: Any, plan: InputPlan, config: _Config, param: Param, mixed: bool) -> torch.dtype:
     own = plan.domain.tensor_domain(param.name).dtypes
     if own is not None:
-        return draw(st.sampled_from(own))
+        return draw(_sampled(own))
     if param.name == plan.zero_dim:
-        return draw(st.sampled_from(plan.zero_dim_dtypes))
+        return draw(_sampled(plan.zero_dim_dtypes))
     if param.name == plan.own_dtype:
         others = [d for d in _tensor_dtypes(plan, param) if d != config.dtype]
-        return draw(st.sampled_from(others)) if others else config.dtype
+        return draw(_sampled(tuple(others))) if others else config.dtype
     if mixed:
-        return draw(st.sampled_from(_tensor_dtypes(plan, param)))
+        return draw(_sampled(_tensor_dtypes(plan, param)))
     return dict(config.overrides).get(param.name, config.dtype)
 
 
@@ -397,7 +440,7 @@ def _tensor_choices(draw: Any, plan: InputPlan) -> tuple[bool, str | None]:
     mixed = mixed and plan.zero_dim is None
     # with three tensor arguments or more, one of them takes a dtype of its own (q, k, v stay alike)
     names = [p.name for p in plan.tensors]
-    deviant = draw(st.sampled_from(names), label="own dtype") if mixed and len(names) > 2 else None
+    deviant = draw(_sampled(tuple(names)), label="own dtype") if mixed and len(names) > 2 else None
     if plan.own_dtype is not None:
         mixed, deviant = False, plan.own_dtype
     return mixed, deviant
@@ -414,17 +457,19 @@ def _tensor_shape(draw: Any, plan: InputPlan, param: Param, base: tuple[int, ...
 
 
 def _tensor_values(draw: Any, plan: InputPlan, param: Param, layout: _Layout,
-                   drawn_values: dict[torch.dtype, list[Any]]) -> torch.Tensor:
+                   drawn_values: dict[Any, list[Any]]) -> torch.Tensor:
     """The tensor of ``layout`` for ``param``: its values drawn (sometimes those of an earlier
     tensor of its dtype), a mask's edge rows, then its layout."""
     own = plan.domain.tensor_domain(param.name)
     shape, dtype = layout.shape, layout.dtype
     values = draw(_value_lists(dtype, math.prod(shape), own.min_value, own.max_value, own.special_values,
                                plan.separates_dtypes, plan.separating))
-    earlier = drawn_values.get(dtype)
+    # only between tensors whose values are drawn alike (another's bounds would be broken)
+    kind = (dtype, own.min_value, own.max_value, own.special_values)
+    earlier = drawn_values.get(kind)
     if earlier and draw(st.integers(0, 3), label="same values") == 1:  # x / x, x - x: one value twice
         values = [earlier[i % len(earlier)] for i in range(len(values))]
-    drawn_values.setdefault(dtype, values)
+    drawn_values.setdefault(kind, values)
     t = _build_tensor(values, shape, dtype)
     if len(plan.tensors) > 1:  # a mask masks something else
         t = draw(_edge_rows(t, own.min_value, own.max_value, own.special_values))
@@ -435,6 +480,7 @@ def _laid_out(t: torch.Tensor, transposed: bool) -> torch.Tensor:
     return _non_contiguous(t) if transposed and t.dim() >= 2 and min(t.shape[-2:]) > 1 else t
 
 
+@_reused
 @st.composite
 def _tensor_inputs(draw: Any, plan: InputPlan, config: _Config, base: tuple[int, ...]) -> dict[str, torch.Tensor]:
     """The tensor arguments: by default all of ``base``'s shape and ``config``'s dtype; shrinking
@@ -443,7 +489,7 @@ def _tensor_inputs(draw: Any, plan: InputPlan, config: _Config, base: tuple[int,
     depend on); :func:`_tensor_layouts` draws the layouts alone, for guarded rules."""
     mixed, deviant = _tensor_choices(draw, plan)
     out = {}
-    drawn_values: dict[torch.dtype, list[Any]] = {}
+    drawn_values: dict[Any, list[Any]] = {}
     for param in plan.tensors:
         shape = _tensor_shape(draw, plan, param, base)
         dtype = _argument_dtype(draw, plan, config, param, mixed and deviant in (None, param.name))
@@ -454,6 +500,7 @@ def _tensor_inputs(draw: Any, plan: InputPlan, config: _Config, base: tuple[int,
     return out
 
 
+@_reused
 @st.composite
 def _tensor_layouts(draw: Any, plan: InputPlan, config: _Config, base: tuple[int, ...]) -> dict[str, _Layout]:
     """The tensor arguments' layouts (shape, dtype, transposed), drawn as :func:`_tensor_inputs`
@@ -499,7 +546,8 @@ def accepted_relations(plan: InputPlan) -> tuple[Mapping[str, int], ...]:
     ``w.shape[0]`` elements" holds by construction instead of by luck (``linear_add_bias``
     rejected 93% of its draws); the fourth draw relates the shapes freely, as before."""
     names = plan.broadcastable
-    if plan.harness is None or plan.literals or not names or plan.modules:
+    literals = _stand_in_literals(plan)
+    if plan.harness is None or literals is None or not names or plan.modules:
         return ()
     found: dict[tuple[int, ...], None] = {}
     for config in plan.configs:
@@ -509,10 +557,28 @@ def accepted_relations(plan: InputPlan) -> tuple[Mapping[str, int], ...]:
             layouts = {p.name: _Layout(_fixed_shape(plan, p, base), _stand_in_dtype(plan, config, p), False)
                        for p in plan.tensors}
             layouts.update({n: attrs.evolve(layouts[n], shape=base[d:]) for n, d in zip(names, combo)})
-            if not _layouts_refused(plan, layouts, {}, {}):
+            if not _layouts_refused(plan, layouts, literals, {}):
                 found.setdefault(combo)
     ordered = sorted(found, key=lambda c: (sum(c), c))
     return tuple(dict(zip(names, combo)) for combo in ordered)
+
+
+#: Relations are also found for rules whose literal captures all have values listed in the
+#: domain (the attention rules' scale ``s``), tried with the first listed value of each; False
+#: is the slow twin: only rules without literal captures.
+RELATIONS_WITH_LITERALS = True
+
+
+def _stand_in_literals(plan: InputPlan) -> dict[str, Any] | None:
+    """The literal captures :func:`accepted_relations` tries shapes with (none for a rule
+    without), or None when some literal's values are not listed in the domain."""
+    if not plan.literals:
+        return {}
+    if not RELATIONS_WITH_LITERALS:
+        return None
+    declared = {p.name: plan.domain.literals.get(p.name) for p in plan.literals}
+    firsts = {name: values[0] for name, values in declared.items() if isinstance(values, (tuple, list)) and values}
+    return firsts if len(firsts) == len(declared) else None
 
 
 def _shape_varies(plan: InputPlan, param: Param) -> bool:
@@ -522,6 +588,7 @@ def _shape_varies(plan: InputPlan, param: Param) -> bool:
             and plan.domain.tensor_domain(param.name).shape is None)
 
 
+@_reused
 def _literal_strategy(plan: InputPlan, param: Param) -> SearchStrategy[Any]:
     declared = plan.domain.literals.get(param.name)
     if declared is not None:
@@ -562,6 +629,39 @@ def _index_groups(plan: InputPlan) -> list[list[str]]:
     return list(groups.values())
 
 
+#: Literal captures whose values the domain lists, several to one op, are drawn half the time
+#: as one column of those lists (the i-th value of each): a rule lists each position's values
+#: in the permutations it means (``permute_permute_5d`` lists two per dim, and independent draws
+#: gave a valid pair of permutations in under a fifth of its inputs). False is the slow twin:
+#: each drawn on its own, always.
+DECLARED_COLUMNS = True
+
+
+@functools.lru_cache(maxsize=256)
+def _declared_columns(plan: InputPlan) -> tuple[tuple[tuple[str, ...], int], ...]:
+    """Groups of literal captures taken by one op of the pattern whose domain lists the same
+    number (2 or more) of values for each, with that number."""
+    listed = {p.name: len(values) for p in plan.literals
+              if isinstance(values := plan.domain.literals.get(p.name), (tuple, list)) and len(values) > 1}
+    placeholders = plan.rule.compiled.placeholders
+    groups: dict[Any, list[str]] = {}
+    for name, size in listed.items():
+        users = list(placeholders[name].users) if name in placeholders else []
+        groups.setdefault((users[0] if users else name, size), []).append(name)
+    return tuple((tuple(names), size) for (_, size), names in groups.items() if len(names) > 1)
+
+
+def _column_values(draw: Any, plan: InputPlan, columns: tuple[tuple[tuple[str, ...], int], ...]) -> dict[str, Any]:
+    """The literal captures, each group of ``columns`` one column of its declared values, the
+    others drawn on their own."""
+    chosen: dict[str, Any] = {}
+    for names, size in columns:
+        index = draw(st.integers(0, size - 1), label="declared column")
+        chosen.update({name: plan.domain.literals[name][index] for name in names})
+    return {p.name: chosen[p.name] if p.name in chosen else draw(_literal_strategy(plan, p)) for p in plan.literals}
+
+
+@_reused
 @st.composite
 def _literal_values(draw: Any, plan: InputPlan, base: Sequence[int] = ()) -> dict[str, Any]:
     """The literal captures: each drawn on its own, or (when there are several undeclared
@@ -569,7 +669,11 @@ def _literal_values(draw: Any, plan: InputPlan, base: Sequence[int] = ()) -> dic
     end: every permutation of a small rank is drawn, which independent draws hardly hit; or as
     sizes that add up to one of the ``base`` shape's sides (split sizes, narrow's start and
     length), which independent draws hit as rarely."""
-    values = {p.name: draw(_literal_strategy(plan, p)) for p in plan.literals}
+    columns = _declared_columns(plan) if DECLARED_COLUMNS else ()
+    if columns and draw(st.booleans(), label="declared columns"):
+        values = _column_values(draw, plan, columns)
+    else:
+        values = {p.name: draw(_literal_strategy(plan, p)) for p in plan.literals}
     dtypes = [p.name for p in plan.literals if p.annotation is torch.dtype and p.name not in plan.domain.literals]
     if len(dtypes) > 1 and (plan.separating or draw(st.booleans(), label="dtype pair")):
         values.update(zip(dtypes, draw(st.sampled_from(_DTYPE_PAIRS))))
@@ -586,6 +690,7 @@ def _literal_values(draw: Any, plan: InputPlan, base: Sequence[int] = ()) -> dic
     return values
 
 
+@_reused
 @st.composite
 def _skeleton(draw: Any, plan: InputPlan) -> tuple[_Config, tuple[int, ...], dict[str, nn.Module]]:
     """The configuration (dtype, rank), the base shape and the module captures of one draw."""
@@ -595,10 +700,11 @@ def _skeleton(draw: Any, plan: InputPlan) -> tuple[_Config, tuple[int, ...], dic
     return drawn
 
 
+@_reused
 @st.composite
 def _skeleton_or_none(draw: Any, plan: InputPlan) -> tuple[_Config, tuple[int, ...], dict[str, nn.Module]] | None:
     """:func:`_skeleton`, or ``None`` when the drawn rank is one the pattern does not run on."""
-    dtype = draw(st.sampled_from(plan.dtypes))
+    dtype = draw(_sampled(plan.dtypes))
     ranks = plan.ranks(dtype)
     modules = draw(_modules(plan))
     sides = draw(st.lists(st.integers(*plan.domain.sides), min_size=ranks[0], max_size=ranks[-1]))
@@ -609,6 +715,7 @@ def _skeleton_or_none(draw: Any, plan: InputPlan) -> tuple[_Config, tuple[int, .
     return plan.config(dtype, len(sides)), _base_shape(plan, sides, modules), modules
 
 
+@_reused
 @st.composite
 def _raw_inputs(draw: Any, plan: InputPlan) -> dict[str, Any]:
     config, base, modules = draw(_skeleton(plan))
@@ -626,6 +733,7 @@ _Skeleton = tuple[dict[str, _Layout], dict[str, Any], dict[str, nn.Module]]
 MAX_LAYOUT_TRIES = 8
 
 
+@_reused
 @st.composite
 def _layouts_first(draw: Any, plan: InputPlan) -> dict[str, Any]:
     """The layouts of the tensors and the literals first, then the pattern and the guards tried
@@ -645,12 +753,13 @@ def _layouts_first(draw: Any, plan: InputPlan) -> dict[str, Any]:
     else:
         reject()
     layouts, literals, modules = skeleton
-    drawn_values: dict[torch.dtype, list[Any]] = {}
+    drawn_values: dict[Any, list[Any]] = {}
     values = {p.name: _tensor_values(draw, plan, p, layouts[p.name], drawn_values) for p in plan.tensors}
     merged = {**values, **literals, **modules}
     return {p.name: merged[p.name] for p in plan.rule.compiled.params}
 
 
+@_reused
 @st.composite
 def _accepted_layouts(draw: Any, plan: InputPlan) -> _Skeleton | None:
     """One try of :func:`_layouts_first`: the layouts, literals and modules, or ``None`` when the

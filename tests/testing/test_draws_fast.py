@@ -1,0 +1,125 @@
+"""The checker's fast draws and their slow twins (issue 24):
+
+* ``_plan.REUSED_STRATEGIES``: strategies made once per plan and arguments draw exactly what
+  strategies made anew at every draw draw;
+* ``_plan.DECLARED_COLUMNS``: literals the domain lists per position are drawn as columns of
+  those lists half the time (valid permutation pairs), independently otherwise;
+* ``_plan.RELATIONS_WITH_LITERALS``: shape relations are found for rules whose literals are all
+  listed in the domain;
+* ``_plan.ONES_AS_BITS``: the size-1 dimensions of a broadcast shape drawn as one integer.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+
+from fxrewrite import Rule
+from fxrewrite.testing import _plan
+from fxrewrite.testing.strategies import plan_inputs
+
+DRAWS = settings(max_examples=40, database=None, derandomize=True, deadline=None,
+                 suppress_health_check=list(HealthCheck))
+
+
+def _drawn(strategy) -> list:  # type: ignore[no-untyped-def]
+    out = []
+
+    @DRAWS
+    @given(strategy)
+    def collect(value):  # type: ignore[no-untyped-def]
+        out.append(value)
+
+    collect()
+    return out
+
+
+def _same(a: dict, b: dict) -> bool:
+    if a.keys() != b.keys():
+        return False
+    for name in a:
+        x, y = a[name], b[name]
+        if isinstance(x, torch.Tensor):
+            if not (x.dtype == y.dtype and x.shape == y.shape and x.stride() == y.stride()
+                    and torch.equal(x.isnan(), y.isnan()) and torch.equal(x.nan_to_num(), y.nan_to_num())):
+                return False
+        elif repr(x) != repr(y):
+            return False
+    return True
+
+
+def _guarded(x, y, k: int):  # type: ignore[no-untyped-def]
+    return torch.sum(x + y, k)
+
+
+GUARDED = Rule.from_functions(_guarded, _guarded, name="guarded", where=lambda m: m["k"] >= 0,
+                              domain={"dtypes": (torch.float32, torch.int64)})
+PLAIN = Rule.from_functions(lambda x, y: x * y, lambda x, y: y * x, name="plain")
+
+
+@pytest.mark.slow  # two plans probed, 80 draws
+@pytest.mark.parametrize("rule", [PLAIN, GUARDED], ids=lambda r: r.name)
+def test_reused_strategies_draw_what_strategies_made_anew_draw(rule, monkeypatch):
+    plan = plan_inputs(rule)
+    fast = _drawn(plan.strategy())
+    monkeypatch.setattr(_plan, "REUSED_STRATEGIES", False)
+    slow = _drawn(plan.strategy())
+    assert len(fast) == len(slow) and all(_same(a, b) for a, b in zip(fast, slow))
+
+
+def _permute_twice(x, p0: int, p1: int, p2: int, q0: int, q1: int, q2: int):  # type: ignore[no-untyped-def]
+    return x.permute(p0, p1, p2).permute(q0, q1, q2)
+
+
+def _valid(dims) -> bool:  # type: ignore[no-untyped-def]
+    return sorted(d % len(dims) for d in dims) == list(range(len(dims)))
+
+
+PERMUTE = Rule.from_functions(
+    _permute_twice, _permute_twice, name="permute", where=lambda m: _valid([m[f"p{i}"] for i in range(3)])
+    and _valid([m[f"q{i}"] for i in range(3)]),
+    domain={"ranks": (3, 3), "literals": {"p0": (0, -1), "p1": (2, -2), "p2": (1, -3),
+                                          "q0": (2, -3), "q1": (1, -2), "q2": (0, -1)}})
+
+
+@pytest.mark.slow  # a plan probed twice
+def test_listed_literals_are_drawn_as_columns_by_the_op_that_takes_them(monkeypatch):
+    plan = plan_inputs(PERMUTE)
+    assert _plan._declared_columns(plan) == ((("p0", "p1", "p2"), 2), (("q0", "q1", "q2"), 2))
+    drawn = _drawn(_plan._literal_values(plan, (2, 2, 2)))
+    columns = {(tuple(d[f"p{i}"] for i in range(3)), tuple(d[f"q{i}"] for i in range(3))) for d in drawn}
+    assert ((0, 2, 1), (2, 1, 0)) in columns and ((-1, -2, -3), (-3, -2, -1)) in columns
+    monkeypatch.setattr(_plan, "DECLARED_COLUMNS", False)
+    assert _plan._literal_values.uncached(plan, (2, 2, 2)) is not None  # the slow twin still draws
+    slow = _drawn(_plan._literal_values.uncached(plan, (2, 2, 2)))
+    valid = sum(_valid([d[f"p{i}"] for i in range(3)]) and _valid([d[f"q{i}"] for i in range(3)]) for d in slow)
+    valid_fast = sum(_valid([d[f"p{i}"] for i in range(3)]) and _valid([d[f"q{i}"] for i in range(3)]) for d in drawn)
+    assert valid_fast > valid
+
+
+def _scaled_bias(x, b, s: float):  # type: ignore[no-untyped-def]
+    return x * s + b
+
+
+def _bias_is_a_vector(m) -> bool:  # type: ignore[no-untyped-def]
+    return m["b"].dim() == 1
+
+
+@pytest.mark.slow  # a plan probed twice
+def test_relations_are_found_for_rules_whose_literals_the_domain_lists(monkeypatch):
+    rule = Rule.from_functions(_scaled_bias, _scaled_bias, name="r", where=_bias_is_a_vector,
+                               domain={"dtypes": (torch.float32,), "ranks": (1, 3), "literals": {"s": (0.5, 2.0)}})
+    relations = plan_inputs(rule).relations
+    assert relations, "relations tried with s=0.5"
+    monkeypatch.setattr(_plan, "RELATIONS_WITH_LITERALS", False)
+    assert plan_inputs(rule).relations == ()
+
+
+def test_ones_as_bits_and_as_a_list_both_give_shapes_that_broadcast(monkeypatch):
+    for bits in (True, False):
+        monkeypatch.setattr(_plan, "ONES_AS_BITS", bits)
+        shapes = _drawn(_plan._related_shape.uncached((2, 3, 2), 4, False))
+        for shape in shapes:
+            assert torch.broadcast_shapes(shape, (2, 3, 2)) == (2, 3, 2)
+        assert any(len(s) == 3 and s != (2, 3, 2) for s in shapes)
