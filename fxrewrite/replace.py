@@ -16,7 +16,8 @@ replacement from changing the modules its match captured is :mod:`fxrewrite._cap
 replacement that depends on nothing but its arguments is called twice, then replayed from the
 graph it recorded (:class:`_Template`). Fast paths and their slow twins (module flags, each with
 a differential test): :data:`REPLAY` (call every time), :data:`FLAT_REPLAY` (fill a replayed
-node's arguments with torch.fx's ``map_aggregate``), :data:`DIRECT_MODULE_CALLS` (record a
+node's arguments with torch.fx's ``map_aggregate``), :data:`FAST_DELETION` (a template that
+creates no node replayed by the whole splice), :data:`DIRECT_MODULE_CALLS` (record a
 module call with torch.fx's ``create_proxy``), and ``PATCH_ALWAYS`` / ``PATCH_DUNDER_CALL`` in
 :mod:`fxrewrite._module_calls`.
 """
@@ -369,6 +370,12 @@ class _Template:
         leaves = tree_leaves((template.nodes, template.outputs))
         return None if any(leaf is _UNKNOWN for leaf in leaves) else template
 
+    def outputs_of(self, match: Match) -> list[Node]:
+        """What a template that creates no node returns for ``match``: values the match bound
+        (what :meth:`replay` returns for it)."""
+        bindings = match.bindings
+        return [bindings[o.name] if isinstance(o, _Slot) else o for o in self.outputs]
+
     def replay(self, match: Match, tracer: _ReplacementTracer) -> list[Node]:
         made: list[Node] = []
         bindings = match.bindings
@@ -390,6 +397,10 @@ class _Template:
         return [concrete(o) for o in self.outputs]
 
 
+#: Splice a confirmed template that creates no node (a deletion) without the tracer, the insertion
+#: point's context or the replay (:meth:`Splicer._delete`); ``False`` is the slow twin, the full
+#: splice with its replay (``tests/test_replace.py`` checks both splice the same graphs).
+FAST_DELETION = True
 #: Fill a replayed node's arguments in one pass when none is a container (the slow twin, False:
 #: always torch.fx's ``map_aggregate``).
 FLAT_REPLAY = True
@@ -475,10 +486,12 @@ class Splicer:
         # replacements see shapes and dtypes when the graph has them; a rule rewriting a Python value
         # (x.shape[d] => x.size(d)) is recorded as written, never folded to a constant
         annotated = has_values(match.bindings.values()) and all(result_kind(o) != "value" for o in match.outputs)
-        tracer.begin(rule, aten=is_aten_graph(match.nodes),
-                     annotate=annotated, anchor=match.anchor)
-        key = _template_key(rule, match, tracer, literal_names) if REPLAY else None
+        aten = is_aten_graph(match.nodes)
+        key = _template_key(rule, match, aten, annotated, literal_names) if REPLAY else None
         known = self._templates.get(key) if key is not None else None
+        if FAST_DELETION and known is not None and known[1] and known[0] is not None and not known[0].nodes:
+            return self._delete(match, known[0])
+        tracer.begin(rule, aten=aten, annotate=annotated, anchor=match.anchor)
         try:
             with self.gm.graph.inserting_before(point):
                 template = known[0] if known is not None and known[1] else None
@@ -511,6 +524,18 @@ class Splicer:
         if self._listeners:
             self._notify(match, tracer.created, new_outputs)
         return tracer.created
+
+    def _delete(self, match: Match, template: _Template) -> list[Node]:
+        """Splice a confirmed template that creates no node (a deletion: ``neg(neg(x)) => x``): the
+        match's outputs are rewired to values it read, as the replay and the rest of :meth:`splice`
+        would do, without the tracer, the insertion point or the replay (:data:`FAST_DELETION`)."""
+        new_outputs = template.outputs_of(match)
+        _rewire(match, new_outputs)
+        _erase(self.gm.graph, match)
+        self.sites.spliced([], match.nodes)
+        if self._listeners:
+            self._notify(match, [], new_outputs)
+        return []
 
     def _call(self, match: Match, rule: Rule, guard: CapturedModules | None) -> list[Node]:
         """Call the replacement on Proxies, recording its module calls and guarding the modules the
@@ -588,7 +613,7 @@ class Splicer:
             self._templates[key] = (template, True) if same else (None, True)
 
 
-def _template_key(rule: Rule, match: Match, tracer: _ReplacementTracer,
+def _template_key(rule: Rule, match: Match, aten: bool, annotate: bool,
                   literal_names: tuple[str, ...] | None) -> Hashable | None:
     """What a replacement's recorded graph may depend on besides the bound tensors: the rule,
     the graph's level, the values of its literal captures (``literal_names``, from
@@ -610,7 +635,7 @@ def _template_key(rule: Rule, match: Match, tracer: _ReplacementTracer,
                 shared.setdefault(value, []).append(name)
         sharing = tuple(sorted(tuple(names) for names in shared.values() if len(names) > 1))
     try:
-        key = (rule.name, id(rule.replacement), tracer.aten, tracer.annotate, literals, sharing)
+        key = (rule.name, id(rule.replacement), aten, annotate, literals, sharing)
         hash(key)
     except TypeError:
         return None

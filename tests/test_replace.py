@@ -312,6 +312,43 @@ def test_a_replay_under_preserved_node_meta_records_the_ambient_meta_as_a_call_d
         torch.testing.assert_close(got, torch.relu(expected) * 2)
 
 
+@pytest.mark.filterwarnings("ignore::fxrewrite.RuleWarning")  # add_zero ignores y's broadcasting on purpose
+@pytest.mark.parametrize("example", [False, True], ids=["plain", "with values"])
+def test_a_deletion_spliced_without_the_replay_makes_what_the_replay_makes(monkeypatch, example):
+    """``FAST_DELETION`` (a confirmed template that creates no node: rewire and erase only) and its
+    slow twin, the whole splice with its replay: the same code, names, metadata, reports and
+    numbers, for deletions returning one of two variables, past a literal, and with both
+    variables bound to one value (a template of its own)."""
+    import fxrewrite.replace as replace
+    from fxrewrite import RuleSet
+
+    rules = RuleSet([
+        neg_neg(lambda x: x),
+        Rule.from_functions(lambda x, y: torch.add(x, torch.mul(y, 0.0)), lambda x, y: x, name="add_zero"),
+    ])
+
+    def fn(a):
+        outs = []
+        for k in range(6):
+            b = torch.sin(a * (k + 1))
+            outs.append(torch.neg(torch.neg(torch.neg(torch.neg(b)))) * torch.add(b, torch.mul(a, 0.0)))
+            outs.append(torch.add(b, torch.mul(b, 0.0)))  # x and y bound to one value
+            outs.append(torch.relu(torch.neg(torch.neg(b))))
+        return outs
+
+    a = torch.randn(3, 4)
+    results = {}
+    for fast in (True, False):
+        monkeypatch.setattr(replace, "FAST_DELETION", fast)
+        results[fast] = rewrite(fn, rules, example_inputs=(a,) if example else None)
+        assert results[fast].report.applied == {"neg_neg": 18, "add_zero": 12}
+        results[fast].module.graph.lint()
+    assert _spliced(results[True]) == _spliced(results[False])
+    assert results[True].report.attempts == results[False].report.attempts
+    for got, expected in zip(results[True].module(a), fn(a)):
+        torch.testing.assert_close(got, expected)
+
+
 def _annotated_node():
     graph = torch.fx.Graph()
     node = graph.placeholder("ambient")
