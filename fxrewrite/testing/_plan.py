@@ -186,6 +186,9 @@ class InputPlan:
     pattern_errors: PatternErrors | None = None
     #: Shape relations the guards accept (:func:`accepted_relations`), drawn three times in four.
     relations: tuple[Mapping[str, int], ...] = ()
+    #: The same relations by the rank of the base shape on which they were accepted
+    #: (:func:`relations_by_rank`), drawn instead while :data:`RELATIONS_BY_RANK` is on.
+    ranked_relations: Mapping[int, tuple[Mapping[str, int], ...]] = attrs.field(factory=dict, repr=False)
     #: What this plan and the plans made from it drew and kept (shared with :func:`draw_counts`).
     counts: DrawCounts = attrs.field(factory=DrawCounts, repr=False)
 
@@ -507,7 +510,7 @@ def _tensor_layouts(draw: Any, plan: InputPlan, config: _Config, base: tuple[int
     draws them, without their values."""
     mixed, deviant = _tensor_choices(draw, plan)
     # three draws in four: how the shapes relate, one of the relations the guards accept
-    relations = [r for r in plan.relations if plan.smaller is None or r.get(plan.smaller, 1) >= 1]
+    relations = [r for r in _relations_for(plan, len(base)) if plan.smaller is None or r.get(plan.smaller, 1) >= 1]
     drops = draw(st.sampled_from(relations)) if relations and draw(
         st.integers(0, 3), label="accepted relation") else None
     out = {}
@@ -537,6 +540,21 @@ def _stand_in_dtype(plan: InputPlan, config: _Config, param: Param) -> torch.dty
     return own[0] if own else dict(config.overrides).get(param.name, config.dtype)
 
 
+#: Relations are drawn among those accepted on a base shape of the drawn rank
+#: (:attr:`InputPlan.ranked_relations`): drawn among those of every rank, a relation accepted at
+#: rank 4 (``c`` and ``x`` two dimensions dropped) dropped ``x``'s only two at rank 2 and the
+#: guard refused it (``attention_where_mask_to_additive``: most relations of a rank-2 draw).
+#: False is the slow twin: the relations of every rank, at any rank.
+RELATIONS_BY_RANK = True
+
+
+def _relations_for(plan: InputPlan, rank: int) -> tuple[Mapping[str, int], ...]:
+    """The relations drawn on a base shape of ``rank`` dimensions."""
+    if RELATIONS_BY_RANK and plan.ranked_relations:
+        return plan.ranked_relations.get(rank, ())
+    return plan.relations
+
+
 def accepted_relations(plan: InputPlan) -> tuple[Mapping[str, int], ...]:
     """How the shapes of the broadcastable tensor arguments may relate to the base shape so
     that the pattern runs and the guards hold, for a rule with guards and no literal or module
@@ -545,11 +563,23 @@ def accepted_relations(plan: InputPlan) -> tuple[Mapping[str, int], ...]:
     then takes one of them three times in four, so a guard such as "``b`` is a vector of
     ``w.shape[0]`` elements" holds by construction instead of by luck (``linear_add_bias``
     rejected 93% of its draws); the fourth draw relates the shapes freely, as before."""
+    return relations_of_every_rank(relations_by_rank(plan))
+
+
+def relations_of_every_rank(ranked: Mapping[int, tuple[Mapping[str, int], ...]]) -> tuple[Mapping[str, int], ...]:
+    """The relations of ``ranked`` (:func:`relations_by_rank`), each once, fewest dropped first."""
+    combos = {tuple(r.values()): r for relations in ranked.values() for r in relations}
+    return tuple(combos[c] for c in sorted(combos, key=lambda c: (sum(c), c)))
+
+
+def relations_by_rank(plan: InputPlan) -> dict[int, tuple[Mapping[str, int], ...]]:
+    """:func:`accepted_relations` by the rank of the base shape on which each was accepted
+    (on stand-ins of any of the plan's dtypes at that rank), fewest dropped first."""
     names = plan.broadcastable
     literals = _stand_in_literals(plan)
     if plan.harness is None or literals is None or not names or plan.modules:
-        return ()
-    found: dict[tuple[int, ...], None] = {}
+        return {}
+    found: dict[int, dict[tuple[int, ...], None]] = {}
     for config in plan.configs:
         base = (2,) * config.rank
         combos = sorted(itertools.product(range(config.rank + 1), repeat=len(names)), key=lambda c: (sum(c), c))
@@ -558,9 +588,9 @@ def accepted_relations(plan: InputPlan) -> tuple[Mapping[str, int], ...]:
                        for p in plan.tensors}
             layouts.update({n: attrs.evolve(layouts[n], shape=base[d:]) for n, d in zip(names, combo)})
             if not _layouts_refused(plan, layouts, literals, {}):
-                found.setdefault(combo)
-    ordered = sorted(found, key=lambda c: (sum(c), c))
-    return tuple(dict(zip(names, combo)) for combo in ordered)
+                found.setdefault(config.rank, {}).setdefault(combo)
+    return {rank: tuple(dict(zip(names, c)) for c in sorted(accepted, key=lambda c: (sum(c), c)))
+            for rank, accepted in sorted(found.items())}
 
 
 #: Relations are also found for rules whose literal captures all have values listed in the

@@ -6,7 +6,8 @@
   those lists half the time (valid permutation pairs), independently otherwise;
 * ``_plan.RELATIONS_WITH_LITERALS``: shape relations are found for rules whose literals are all
   listed in the domain;
-* ``_plan.ONES_AS_BITS``: the size-1 dimensions of a broadcast shape drawn as one integer.
+* ``_plan.ONES_AS_BITS``: the size-1 dimensions of a broadcast shape drawn as one integer;
+* ``_plan.RELATIONS_BY_RANK``: shape relations drawn among those accepted at the drawn rank.
 """
 
 from __future__ import annotations
@@ -123,3 +124,39 @@ def test_ones_as_bits_and_as_a_list_both_give_shapes_that_broadcast(monkeypatch)
         for shape in shapes:
             assert torch.broadcast_shapes(shape, (2, 3, 2)) == (2, 3, 2)
         assert any(len(s) == 3 and s != (2, 3, 2) for s in shapes)
+
+
+def _add(x, y):  # type: ignore[no-untyped-def]
+    return x + y
+
+
+def _both_matrices(m) -> bool:  # type: ignore[no-untyped-def]
+    return m["x"].dim() >= 2 and m["y"].dim() >= 2
+
+
+def _matrix_rule() -> Rule:
+    return Rule.from_functions(_add, _add, name="matrices", where=_both_matrices,
+                               domain={"dtypes": (torch.float32,), "ranks": (2, 4)})
+
+
+def test_relations_by_rank_are_the_relations_split_by_the_rank_that_accepts_them():
+    plan = plan_inputs(_matrix_rule())
+    assert _plan.relations_of_every_rank(plan.ranked_relations) == plan.relations
+    assert plan.ranked_relations[2] == ({"x": 0, "y": 0},)  # at rank 2 no dimension can go
+    for rank, relations in plan.ranked_relations.items():
+        for relation in relations:
+            assert all(rank - drop >= 2 for drop in relation.values())
+
+
+@pytest.mark.slow  # two searches of 40 inputs
+def test_relations_by_rank_and_of_every_rank_keep_the_same_inputs_and_refuse_fewer(monkeypatch):
+    rule = _matrix_rule()
+    refused = {}
+    for by_rank in (True, False):
+        monkeypatch.setattr(_plan, "RELATIONS_BY_RANK", by_rank)
+        _plan.reset_draw_counts(rule)
+        plan = plan_inputs(rule)
+        for inputs in _drawn(plan.strategy()):
+            assert _plan.accepts(plan, inputs)
+        refused[by_rank] = _plan.draw_counts(rule).layouts_refused
+    assert refused[True] < refused[False], refused
