@@ -117,10 +117,12 @@ def test_inputs_for_draws_every_parameter_by_name():
     assert all(sorted(d) == ["x", "y"] and all(isinstance(v, torch.Tensor) for v in d.values()) for d in drawn)
 
 
-@pytest.mark.slow  # 1.2 s of CPU in a fresh clone
+@pytest.mark.slow  # about 3 s of CPU
 def test_tensor_shapes_are_related_equal_broadcast_and_of_different_ranks():
     any_shapes = rule(lambda x, y: torch.neg(x).sum() + torch.neg(y).sum())
-    pairs = shapes_of(draws(inputs_for(any_shapes), 150), "x", "y")
+    # Same ranks with size-1 dimensions come in 1.5-3% of the draws: 150 drew none in one CI run
+    # (which of the project's modules were loaded changes Hypothesis's constants, and so the draws).
+    pairs = shapes_of(draws(inputs_for(any_shapes), 400), "x", "y")
     for x, y in pairs:
         torch.broadcast_shapes(x, y)  # raises unless the shapes broadcast together
     assert any(x == y and len(x) >= 2 for x, y in pairs), "equal shapes"
