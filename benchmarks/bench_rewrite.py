@@ -657,9 +657,12 @@ def _same(node: fx.Node) -> fx.Node:
 def hand_rewrite(gm: fx.GraphModule, spec: GraphSpec, work: Workload) -> fx.GraphModule:
     """The in-place floor of a rewrite on fx: the edits a rule set makes, written by hand where the
     blocks are known to be (no matching, no checks, no lint), then ``recompile()``; with the
-    cyclic GC paused, as ``rewrite`` pauses it."""
+    cyclic GC paused, as ``rewrite`` pauses it. The submodules the erased nodes called are
+    deleted (the rewrite deletes the submodules no node calls any more: both sides build the
+    same module), each by its known path, the cheapest way."""
     with collections_paused():
         nodes = list(gm.graph.nodes)
+        orphans: list[str] = []
         for first, last, rule in spec.blocks:
             block = nodes[first:last + 1]
             with gm.graph.inserting_before(block[-1]):
@@ -667,7 +670,11 @@ def hand_rewrite(gm: fx.GraphModule, spec: GraphSpec, work: Workload) -> fx.Grap
             block[-1].replace_all_uses_with(value)
             for node in reversed(block):
                 if not node.users:
+                    if node.op == "call_module":
+                        orphans.append(str(node.target))
                     gm.graph.erase_node(node)
+        for path in orphans:
+            gm.delete_submodule(path)
         gm.recompile()
     return gm
 
@@ -683,7 +690,9 @@ def one_pass_floor(base: fx.GraphModule, spec: GraphSpec, work: Workload) -> fx.
     """The one-pass copying floor (issue 24): one pass over ``base``'s nodes that copies the
     nodes that stay (``Graph.node_copy``) and emits each replacement in its place
     (``Graph.create_node``), the matches known in advance; then the new module's code
-    (``GraphModule`` compiles it). The input is left untouched, as by a copying ``rewrite``."""
+    (``GraphModule`` compiles it). The input is left untouched, as by a copying ``rewrite``. The
+    new module holds only the submodules its graph calls (``GraphModule`` copies those from a
+    dict root), as the rewrite's result does."""
     with collections_paused():
         graph = fx.Graph()
         env: dict[fx.Node, fx.Node] = {}
@@ -711,6 +720,11 @@ def graph_signature(gm: fx.GraphModule) -> collections.Counter[tuple[str, str]]:
         return n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
 
     return collections.Counter((n.op, target(n)) for n in gm.graph.nodes)
+
+
+def module_signature(gm: fx.GraphModule) -> collections.Counter[str]:
+    """The submodules a module holds, by class (names differ between the rewrite and a floor)."""
+    return collections.Counter(type(m).__name__ for _, m in gm.named_modules())
 
 
 @dataclass
@@ -913,6 +927,9 @@ class Bench:
         if extra or sum(missing.values()) != incidental:
             row.errors.append(f"{what} builds another graph than the rewrite: the rewrite has {dict(extra)} more, "
                               f"{dict(missing)} fewer ({incidental} incidental identity rewrites)")
+        if module_signature(got) != module_signature(floor):  # e.g. a side keeping the submodules it no longer calls
+            row.errors.append(f"{what} and the module it is compared with hold other submodules: "
+                              f"{dict(module_signature(floor))} against {dict(module_signature(got))}")
 
     def _time_fx(self, row: Row, spec: GraphSpec, work: Workload, times: dict[str, list[float]],
                  clock: Callable[[], float], x: torch.Tensor, expected: Any) -> str | None:

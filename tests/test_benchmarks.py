@@ -115,9 +115,27 @@ def test_the_hand_written_floor_makes_the_rewrite_s_edits_and_leaves_the_input_u
     assert len(floor.graph.nodes) <= len(gm.graph.nodes) - erased + len(spec.blocks) * max(getattr(work, "k", 1), 1)
     x = work.example_input()
     torch.testing.assert_close(floor(x), work.expected_module(spec)(x), rtol=1e-4, atol=1e-5, equal_nan=True)
+    modules = bench.module_signature(gm)
     in_place = bench.hand_rewrite(gm, spec, work)
     assert in_place is gm and gm.code != before
     torch.testing.assert_close(gm(x), floor(x), rtol=0, atol=0, equal_nan=True)
+    # both floors drop the submodules the erased nodes called, as the rewrite does; the copy's
+    # deletions leave the input's submodules alone
+    assert bench.module_signature(floor) == bench.module_signature(gm) == bench.module_signature(
+        bench.one_pass_floor(bench.build(spec), spec, work))
+    if workload == "modules":
+        assert modules["BatchNorm2d"] == len(spec.blocks) and "BatchNorm2d" not in bench.module_signature(gm)
+
+
+def test_the_floors_hold_the_submodules_the_rewrite_s_module_holds(bench):
+    import fxrewrite
+
+    _, work, spec, gm = _planted(bench, "modules")
+    result = fxrewrite.rewrite(gm, work.ruleset())
+    expected = bench.module_signature(result.module)
+    assert bench.module_signature(bench.one_pass_floor(gm, spec, work)) == expected
+    assert bench.module_signature(bench.copying_hand_rewrite(gm, spec, work)) == expected
+    assert bench.module_signature(bench.hand_rewrite(bench.build(spec), spec, work)) == expected
 
 
 def test_a_wrong_floor_is_reported_as_a_correctness_failure(bench, monkeypatch):
@@ -151,6 +169,22 @@ def test_a_floor_building_another_graph_is_reported_as_a_correctness_failure(ben
     status = bench.main(["--quick", "--sizes", "300", "--workloads", "create1", "-q", "--no-fx", "--no-memory"],
                         out=out)
     assert status == 1 and "the one-pass copying floor builds another graph than the rewrite" in out.getvalue()
+
+
+def test_a_floor_keeping_submodules_the_rewrite_deletes_is_reported_as_a_correctness_failure(bench, monkeypatch):
+    # both sides must hold the same submodules: an in-place floor keeping a bn it no longer calls does not
+    original = bench.hand_rewrite
+
+    def keeping_one(gm, spec, work):
+        result = original(gm, spec, work)
+        result.add_submodule("kept_bn", bench.nn.BatchNorm2d(1))
+        return result
+
+    monkeypatch.setattr(bench, "hand_rewrite", keeping_one)
+    out = io.StringIO()
+    status = bench.main(["--quick", "--sizes", "300", "--workloads", "modules", "-q", "--no-fx", "--no-memory"],
+                        out=out)
+    assert status == 1 and "hold other submodules" in out.getvalue()
 
 
 @pytest.mark.slow
