@@ -70,6 +70,10 @@ _SCALARS = (bool, int, float, str, type(None), torch.dtype, torch.device, torch.
 _NOT_A_KEY = object()
 _IDENTITY_HOPS = 16  # identities looked through from the anchor's argument to an inner operation
 _MIN_GROUP = 3  # fewer rules alike are cheaper to try than to discriminate
+#: Keep, per bucket without literal groups, the rules offered for each set of input keys met
+#: (they depend on nothing else); ``False`` is the slow twin, worked out at every node
+#: (``tests/test_dispatch.py`` checks both offer the same rules).
+MEMO_BY_INPUTS = True
 #: Ops whose arguments the matcher compares by meaning (dims, ``dtype=``, unordered pairs): a
 #: pattern's literal is rewritten against the graph's rank there, so it is not a fixed key.
 _BY_MEANING = frozenset({*DIM_ARGUMENTS, *DTYPE_ARGUMENTS, "transpose", "swapaxes", "swapdims"})
@@ -260,6 +264,8 @@ class _Bucket:
         self.always: list[int] = []
         self.by_input: dict[frozenset[Hashable], list[int]] = {}
         self.groups: list[_Group] = []
+        #: Per set of input keys, what :meth:`select` returns (buckets without literal groups).
+        self._memo: dict[frozenset[Hashable], tuple[Sequence[int], Sequence[Rule]]] = {}
         alike: dict[Hashable, list[int]] = {}
         for i, rule in enumerate(self.rules):
             pattern = rule.compiled
@@ -273,6 +279,7 @@ class _Bucket:
             else:
                 self.groups.append(_Group([self.rules[i] for i in positions], positions, probe))
         self._file_by_inputs(sorted(rest))
+        self.everything: tuple[Sequence[int], Sequence[Rule]] = (range(len(self.rules)), self.rules)
 
     def _file_by_inputs(self, positions: list[int]) -> None:
         """Each rule under the two rarest op keys its anchor must read (one when it needs one),
@@ -289,20 +296,35 @@ class _Bucket:
                 continue
             self.by_input.setdefault(frozenset(required[:2]), []).append(i)
 
-    def select(self, node: Node) -> list[int]:
-        """Positions of the rules that may match at ``node``, in order."""
+    def select(self, node: Node) -> tuple[Sequence[int], Sequence[Rule]]:
+        """Positions of the rules that may match at ``node``, in order, and those rules. Without
+        literal groups they depend on the input keys alone: one answer per set of input keys,
+        worked out once (:data:`MEMO_BY_INPUTS`)."""
         if not self.by_input and not self.groups:
-            return list(range(len(self.rules)))
+            return self.everything
+        if self.groups or not MEMO_BY_INPUTS:
+            positions = self._by_inputs(input_keys(node)) if self.by_input else list(self.always)
+            for group in self.groups:
+                positions += group.select(node)
+            positions.sort()
+            return positions, [self.rules[i] for i in positions]
+        inputs = input_keys(node)
+        found = self._memo.get(inputs)
+        if found is None:
+            positions = self._by_inputs(inputs)
+            positions.sort()
+            found = self._memo[inputs] = (tuple(positions), tuple(self.rules[i] for i in positions))
+        return found
+
+    def _by_inputs(self, inputs: frozenset[Hashable]) -> list[int]:
+        """The positions of the rules offered by a node fed by ``inputs``: those filed under no key,
+        under one of them, or under a pair of them (unsorted)."""
         positions = list(self.always)
-        if self.by_input:
-            keys = sorted(input_keys(node), key=repr)
-            for j, key in enumerate(keys):
-                positions += self.by_input.get(frozenset((key,)), ())
-                for other in keys[j + 1:]:
-                    positions += self.by_input.get(frozenset((key, other)), ())
-        for group in self.groups:
-            positions += group.select(node)
-        positions.sort()
+        keys = sorted(inputs, key=repr)
+        for j, key in enumerate(keys):
+            positions += self.by_input.get(frozenset((key,)), ())
+            for other in keys[j + 1:]:
+                positions += self.by_input.get(frozenset((key, other)), ())
         return positions
 
     def visited(self, candidates: Sequence[int], stop: int | None) -> None:
@@ -341,18 +363,17 @@ class RuleIndex:
             by_key.setdefault(rule.anchor_key, []).append(rule)
         self._plain = {key: tuple(rs) for key, rs in by_key.items()}
         self._buckets = {key: _Bucket(rs) for key, rs in by_key.items()}
-        self._last: tuple[Node | None, list[tuple[_Bucket, list[int]]]] = (None, [])
+        self._last: tuple[Node | None, list[tuple[_Bucket, tuple[Sequence[int], Sequence[Rule]]]]] = (None, [])
 
     def candidates(self, node: Node) -> Sequence[Rule]:
         """The rules that may match with ``node`` as their anchor (never one that could, see
         the module's docstring)."""
-        selected = [(self._buckets[key], self._buckets[key].select(node)) for key in node_keys(node)
-                    if key in self._buckets]
+        selected = [(bucket, bucket.select(node)) for key in node_keys(node)
+                    if (bucket := self._buckets.get(key)) is not None]
         self._last = (node, selected)
         if len(selected) == 1:
-            bucket, positions = selected[0]
-            return bucket.rules if len(positions) == len(bucket.rules) else [bucket.rules[i] for i in positions]
-        return [bucket.rules[i] for bucket, positions in selected for i in positions]
+            return selected[0][1][1]
+        return [r for _, (_, rules) in selected for r in rules]
 
     def visited(self, node: Node, applied: Rule | None) -> None:
         """Note that the driver tried :meth:`candidates` of ``node`` in order until ``applied``
@@ -363,7 +384,7 @@ class RuleIndex:
             selected = [(self._buckets[k], self._buckets[k].select(node)) for k in node_keys(node)
                         if k in self._buckets]
         stopped = False
-        for bucket, positions in selected:
+        for bucket, (positions, _) in selected:
             if stopped:
                 break  # the plain search never reached the rules of the later keys
             stop = bucket.position.get(id(applied)) if applied is not None else None

@@ -310,6 +310,38 @@ def test_cases_like_the_random_ones_exercise_the_index():
     assert PRUNED["left out"] > PRUNED["tries"] // 4, PRUNED
 
 
+def test_the_rules_offered_per_set_of_input_keys_are_those_worked_out_at_every_node(monkeypatch):
+    """``MEMO_BY_INPUTS`` (a bucket without literal groups answers once per set of input keys)
+    offers, at every node, the rules its slow twin works out anew there; and its memo is used."""
+    import fxrewrite.dispatch as dispatch
+
+    rules = [*(_after(op, i) for i, op in enumerate((torch.neg, torch.sin, torch.cos, torch.exp))),
+             Rule.from_functions(lambda x, y: torch.relu(torch.sin(x) + y), lambda x, y: torch.relu(y + torch.sin(x)),
+                                 name="relu_sin_add")]
+
+    def f(x):
+        for _ in range(3):
+            x = torch.relu(torch.sin(x)) + torch.relu(torch.cos(x)) + torch.relu(torch.sin(x) + x) + torch.relu(x)
+        return x
+
+    programs = [(RuleSet(rules), fx.symbolic_trace(f)),
+                (lambda: RuleIndex(standard_rules()), fx.symbolic_trace(_attention))]
+    for rules_or_index, gm in programs:
+        offered = {}
+        for memo in (False, True):
+            monkeypatch.setattr(dispatch, "MEMO_BY_INPUTS", memo)
+            index = rules_or_index() if callable(rules_or_index) else RuleIndex(rules_or_index)
+            offered[memo] = [(n.name, [r.name for r in index.candidates(n)]) for n in gm.graph.nodes]
+        assert offered[True] == offered[False]
+    memos = [b._memo for b in RuleIndex(rules)._buckets.values()]
+    assert sum(len(m) for m in memos) == 0
+    index = RuleIndex(rules)
+    relus = [n for n in fx.symbolic_trace(f).graph.nodes if n.target is torch.relu]
+    for node in relus:
+        index.candidates(node)
+    assert 0 < sum(len(b._memo) for b in index._buckets.values()) < len(relus)
+
+
 # -- cost, counted in candidates (deterministic), not seconds -------------------------------------
 
 
