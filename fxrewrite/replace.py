@@ -18,7 +18,8 @@ graph it recorded (:class:`_Template`). Fast paths and their slow twins (module 
 a differential test): :data:`REPLAY` (call every time), :data:`FLAT_REPLAY` (fill a replayed
 node's arguments with torch.fx's ``map_aggregate``), :data:`FAST_DELETION` (a template that
 creates no node replayed by the whole splice), :data:`DIRECT_MODULE_CALLS` (record a
-module call with torch.fx's ``create_proxy``), and ``PATCH_ALWAYS`` / ``PATCH_DUNDER_CALL`` in
+module call with torch.fx's ``create_proxy``), :data:`JOURNALED_NAMES` (copy the graph's name
+counts before a call that may be rolled back), and ``PATCH_ALWAYS`` / ``PATCH_DUNDER_CALL`` in
 :mod:`fxrewrite._module_calls`.
 """
 
@@ -30,7 +31,7 @@ import contextlib
 import dis
 import inspect
 import re
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, MutableMapping, Sequence
 from typing import Any
 
 import attrs
@@ -266,15 +267,17 @@ class _ReplacementTracer(fx.Tracer):
         self._next_suffix[base] = k + 1
         return f"{base}_{k}"
 
-    def names(self) -> tuple[dict[str, int], dict[str, int]]:
-        """Where the graph's and the module's fresh names stand (for :meth:`rollback`)."""
-        return dict(getattr(self.graph._graph_namespace, "_base_count", {})), dict(self._next_suffix)
+    def names(self) -> _NameMark:
+        """Where the graph's and the module's fresh names stand (for :meth:`rollback`); close it
+        (:meth:`_NameMark.close`) once the replacement's call ended."""
+        return _NameMark(self.graph._graph_namespace, self._next_suffix)
 
-    def rollback(self, names: tuple[dict[str, int], dict[str, int]] | None = None) -> None:
+    def rollback(self, names: _NameMark | None = None) -> None:
         """Remove what the replacement created; with ``names`` (from :meth:`names` before it ran),
         also free the names it took, so that calling it again makes the same names."""
         if names is not None:
-            self._free_names(names)
+            names.free(self.created)
+            self._next_suffix = dict(names.suffixes)
         for node in reversed(self.created):
             if not is_erased(node):
                 for user in list(node.users):
@@ -290,15 +293,92 @@ class _ReplacementTracer(fx.Tracer):
         self.created = []
         self.new_attributes = []
 
-    def _free_names(self, names: tuple[dict[str, int], dict[str, int]]) -> None:
-        namespace = self.graph._graph_namespace
+
+
+#: Mark where a graph's fresh names stand before a replacement runs by journaling the name counts
+#: its call changes (:class:`_CountJournal`, opened in constant time); ``False`` (the slow twin):
+#: copy every count, one per name base the graph ever used (``conv17`` is a base of its own), which
+#: made each fold of a 64k-node graph copy thousands of them. ``tests/test_module_calls.py`` checks
+#: that both splice the same graphs, names included, when a replacement is called again.
+JOURNALED_NAMES = True
+_ABSENT = object()
+
+
+class _CountJournal(MutableMapping[str, int]):
+    """Stands for a graph namespace's name counts (``base -> last number``, torch.fx's
+    ``_base_count``) while one replacement runs: reads and writes go to the counts, and the first
+    write of each base keeps the value it had, so that :meth:`undo` puts back exactly what the
+    call changed."""
+
+    def __init__(self, counts: dict[str, int]) -> None:
+        self.counts = counts
+        self.before: dict[str, Any] = {}
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.counts.get(key, default)
+
+    def __getitem__(self, key: str) -> int:
+        return self.counts[key]
+
+    def __setitem__(self, key: str, value: int) -> None:
+        if key not in self.before:
+            self.before[key] = self.counts.get(key, _ABSENT)
+        self.counts[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        if key not in self.before:
+            self.before[key] = self.counts.get(key, _ABSENT)
+        del self.counts[key]
+
+    def __iter__(self) -> Any:
+        return iter(self.counts)
+
+    def __len__(self) -> int:
+        return len(self.counts)
+
+    def undo(self) -> None:
+        for key, value in self.before.items():
+            if value is _ABSENT:
+                self.counts.pop(key, None)
+            else:
+                self.counts[key] = value
+        self.before.clear()
+
+
+class _NameMark:
+    """Where a graph's fresh names stood before a replacement ran (:meth:`_ReplacementTracer.names`):
+    the tracer's module-name suffixes (a few, copied) and the graph's name counts, journaled while
+    the call runs (:data:`JOURNALED_NAMES`) or copied. :meth:`free` puts them back and frees the
+    names the call's nodes took; :meth:`close` ends the journal (the counts are torch.fx's again)."""
+
+    def __init__(self, namespace: Any, suffixes: dict[str, int]) -> None:
+        self.namespace = namespace
+        self.suffixes = dict(suffixes)
+        counts = getattr(namespace, "_base_count", None)
+        self.journal: _CountJournal | None = None
+        self.counts: dict[str, int] | None = None
+        if JOURNALED_NAMES and type(counts) is dict:
+            self.journal = namespace._base_count = _CountJournal(counts)
+        else:
+            self.counts = dict(counts or {})
+
+    def close(self) -> None:
+        journal = self.journal
+        if journal is not None and self.namespace.__dict__.get("_base_count") is journal:
+            self.namespace._base_count = journal.counts
+
+    def free(self, created: Sequence[Node]) -> None:
+        namespace = self.namespace
         used = getattr(namespace, "_used_names", None)
-        if used is not None and hasattr(namespace, "_base_count"):
-            for node in self.created:
-                used.discard(node.name)
+        if used is None or not hasattr(namespace, "_base_count"):
+            return
+        for node in created:
+            used.discard(node.name)
+        if self.journal is not None:
+            self.journal.undo()
+        else:
             namespace._base_count.clear()
-            namespace._base_count.update(names[0])
-        self._next_suffix = dict(names[1])
+            namespace._base_count.update(self.counts)
 
 
 def _stack_trace(rule: Rule) -> str:
@@ -571,14 +651,18 @@ class Splicer:
         names = tracer.names() if mode != DUNDER else None  # nothing gets past DUNDER: never rolled back here
         watch = None
         try:
-            with guard if guard is not None else contextlib.nullcontext(), recording(tracer, mode) as watch:
-                result = rule.replacement(**_arguments(match, tracer))
-        except Exception:
+            try:
+                with guard if guard is not None else contextlib.nullcontext(), recording(tracer, mode) as watch:
+                    result = rule.replacement(**_arguments(match, tracer))
+            except Exception:
+                if watch is None or not watch.called:
+                    raise
             if watch is None or not watch.called:
-                raise
-        if watch is None or not watch.called:
-            return result, False
-        tracer.rollback(names)
+                return result, False
+            tracer.rollback(names)
+        finally:
+            if names is not None:
+                names.close()
         tracer.read_metadata = False
         if guard is not None:
             guard.undo()

@@ -81,17 +81,22 @@ def test_a_replacement_calling_a_module_it_does_not_name_records_the_same_graph_
     """The slow twins (``PATCH_ALWAYS``: every replacement called with module calls recorded;
     ``PATCH_DUNDER_CALL``: recorded by replacing ``nn.Module.__call__``) and the fast paths (the
     replacement first called unpatched, rolled back and called again when it calls a module,
-    even if it catches the stop; ``_call_impl`` replaced) splice the same graph, names included."""
+    even if it catches the stop; ``_call_impl`` replaced) splice the same graph, names included,
+    whether the graph's name counts were journaled during the stopped call or copied before it
+    (``replace.JOURNALED_NAMES``)."""
+    import fxrewrite.replace as replace
+
     f = lambda a: torch.neg(torch.neg(torch.relu(torch.neg(torch.neg(a)))))  # noqa: E731
     codes = set()
-    for always in (True, False):
-        for dunder in (True, False):
-            monkeypatch.setattr(module_calls, "PATCH_ALWAYS", always)
-            monkeypatch.setattr(module_calls, "PATCH_DUNDER_CALL", dunder)
-            result = rewrite(f, _relu_module_rule(catch=catch))
-            codes.add(result.code)
-            assert [n.op for n in result.module.graph.nodes].count("call_module") == 2
-            assert_rewrite_sound(lambda a: torch.relu(2.0 * torch.relu(torch.relu(2.0 * a) + 1.0)) + 1.0, result, X)
+    for always, dunder, journaled in ((True, True, True), (True, False, True), (False, True, True),
+                                      (False, False, True), (False, False, False)):
+        monkeypatch.setattr(module_calls, "PATCH_ALWAYS", always)
+        monkeypatch.setattr(module_calls, "PATCH_DUNDER_CALL", dunder)
+        monkeypatch.setattr(replace, "JOURNALED_NAMES", journaled)  # the names taken before the stop, freed
+        result = rewrite(f, _relu_module_rule(catch=catch))
+        codes.add(result.code)
+        assert [n.op for n in result.module.graph.nodes].count("call_module") == 2
+        assert_rewrite_sound(lambda a: torch.relu(2.0 * torch.relu(torch.relu(2.0 * a) + 1.0)) + 1.0, result, X)
     assert len(codes) == 1
     assert _no_hooks_left() and _replaced() == set()
 

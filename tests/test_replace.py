@@ -450,3 +450,41 @@ def test_module_call_sites_recount_after_an_edit_the_splicer_did_not_make():
     with gm.graph.inserting_after(extra):
         gm.graph.call_module("convs.0", (extra,))
     assert sites.count("convs.0", []) == 3  # more call_module nodes than accounted for: counted again
+
+
+@pytest.mark.parametrize("journaled", [True, False])
+def test_a_name_mark_puts_back_exactly_the_names_a_rolled_back_call_took(monkeypatch, journaled):
+    """Names taken during a call (a new base, a base in use, an explicit suffix, a name taken and
+    its node erased again) are freed and the graph's name counts are back as they were, whether
+    they were journaled during the call (``JOURNALED_NAMES``) or copied before it; the graph then
+    names nodes as it would have without the call, and keeps torch.fx's own dict of counts."""
+    import fxrewrite.replace as replace
+
+    monkeypatch.setattr(replace, "JOURNALED_NAMES", journaled)
+    gm = fx.symbolic_trace(lambda a: torch.relu(torch.neg(torch.neg(a))) * 2)
+    namespace = gm.graph._graph_namespace
+    before = (dict(namespace._base_count), set(namespace._used_names))
+    expected = [n.name for n in _names_made(copy.deepcopy(gm))]
+    assert expected == ["neg_2", "neg_3", "sinh", "cosh_7", "neg_4"]
+    tracer = replace._ReplacementTracer(gm, dict(gm.named_modules()))
+    mark = tracer.names()
+    made = _names_made(gm)
+    tracer.created = made
+    tracer.rollback(mark)
+    mark.close()
+    assert type(namespace._base_count) is dict
+    assert (namespace._base_count, namespace._used_names) == before
+    assert [n.name for n in _names_made(gm)] == expected
+    gm.graph.lint()
+
+
+def _names_made(gm: fx.GraphModule) -> list[fx.Node]:
+    """Nodes made at the output: names from a new base, a base in use, an explicit suffix, and one erased again."""
+    graph = gm.graph
+    x = next(iter(graph.nodes))
+    with graph.inserting_before(graph.output_node()):
+        erased = graph.call_function(torch.neg, (x,))
+        graph.erase_node(erased)
+        return [erased, graph.call_function(torch.neg, (x,)), graph.call_function(torch.sinh, (x,)),
+                graph.create_node("call_function", torch.cosh, (x,), name="cosh_7"),
+                graph.call_function(torch.neg, (x,))]
