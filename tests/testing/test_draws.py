@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import HealthCheck, find, settings
+from hypothesis import HealthCheck, find, given, settings
 from torch import nn
 
 from fxrewrite import Rule
@@ -112,11 +112,22 @@ def test_x_over_y_as_x_times_reciprocal_y_is_unsound_by_promotion_and_by_subnorm
 
 
 def test_one_value_is_drawn_into_two_arguments():
+    # Equal float tensors whose elements vary come in about 1 draw of 200 (x - y == 0 is then
+    # the interesting case): counted over a fixed, derandomized sample of 2,000 (7 of them), not
+    # searched with `find`, whose derandomized run met none in its 2,000 tries.
     strategy = plan_inputs(_rule(lambda x, y: x - y, lambda x, y: x + (-y))).strategy()
-    found = find(strategy, lambda d: d["x"].dtype == d["y"].dtype == torch.float32 and d["x"].shape == d["y"].shape
-                 and d["x"].numel() > 1 and torch.equal(d["x"], d["y"]) and bool(d["x"].ne(d["x"][..., :1]).any()),
-                 settings=FIND)
-    assert torch.equal(found["x"], found["y"])
+    equal_and_varied = []
+
+    @settings(FIND, derandomize=True)
+    @given(strategy)
+    def draw(d):  # type: ignore[no-untyped-def]
+        x, y = d["x"], d["y"]
+        if (x.dtype == y.dtype == torch.float32 and x.shape == y.shape and x.numel() > 1
+                and torch.equal(x, y) and bool(x.ne(x[..., :1]).any())):
+            equal_and_varied.append(d)
+
+    draw()
+    assert equal_and_varied, "no draw gave two float arguments one varied value"
 
 
 # -- what is reported beside counterexamples -----------------------------------------------------
