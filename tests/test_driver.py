@@ -221,7 +221,7 @@ def test_a_sorted_fill_pops_what_the_one_heap_pops(monkeypatch):
     assert popped[True][0] == 24 and ("relu_8", 0) in popped[True] and ("neg", 1) in popped[True]
 
 
-@pytest.mark.parametrize("flag", ["SORTED_FILL", "FAST_MODULE_ANCHOR"])
+@pytest.mark.parametrize("flag", ["SORTED_FILL", "FAST_MODULE_ANCHOR", "PRUNED_REQUEUE"])
 def test_the_drivers_fast_paths_make_the_graph_and_the_report_their_slow_twins_make(monkeypatch, flag):
     """Each fast path of the driver against its slow twin (the flag off): the same code and the
     same report (applied, attempts, rejected and why) on the library's programs."""
@@ -274,3 +274,95 @@ def test_a_rule_anchored_at_a_module_capture_skips_modules_of_another_class_with
         probe.run()
         assert probe.rewrites == 1 and "bn" in searched and ("conv2" in searched) is not fast
         assert probe.report(0.0).attempts["conv_bn_fold"] == 4  # conv1, conv2, bn and the folded conv
+
+
+# -- the requeue left short of the furthest node popped, against its slow twin --------------------------
+
+_ODD_THEN_EVEN = [Rule.from_functions(lambda x: torch.neg(torch.neg(x)), lambda x: x, name="neg_neg"),
+                  Rule.from_functions(lambda x: torch.neg(torch.sin(x)), lambda x: torch.sin(torch.neg(x)),
+                                      name="neg_inward"),
+                  Rule.from_functions(lambda x: torch.relu(torch.relu(x)), lambda x: torch.relu(x), name="relu_relu"),
+                  Rule.from_functions(lambda x: torch.abs(torch.neg(x)), lambda x: torch.abs(x), name="abs_neg"),
+                  Rule.from_functions(lambda x: torch.relu(torch.abs(torch.sin(x))),
+                                      lambda x: torch.abs(torch.sin(x)), name="relu_abs_sin")]
+
+
+def _dag(seed: int, size: int = 60) -> fx.GraphModule:
+    """A random program over the ops of :data:`_ODD_THEN_EVEN`: each op reads one or two of the
+    last four values, mostly the last (a chain with branches: some values have several users)."""
+    import random
+
+    rng = random.Random(seed)
+    plan = [(rng.choice(["neg", "neg", "sin", "relu", "abs", "add"]), rng.choice([0, 0, 0, 1, 3]), rng.randrange(4))
+            for _ in range(size)]
+
+    def program(x):
+        values = [x]
+        for op, i, j in plan:
+            a, b = values[-1 - min(i, len(values) - 1)], values[-1 - min(j, len(values) - 1)]
+            values.append(a + b if op == "add" else getattr(torch, op)(a))
+        return values[-1] + values[-2]
+
+    return fx.symbolic_trace(program)
+
+
+def test_a_requeue_left_short_of_the_furthest_node_popped_makes_what_the_whole_requeue_makes(monkeypatch):
+    """``PRUNED_REQUEUE``: nodes beyond the worklist's mark still wait, so leaving them (and what
+    follows them) out of a change event's requeue changes nothing: the same code, the same report
+    (attempts counted per visit), on random programs where rewrites cascade; and it leaves out nodes."""
+    from _helpers import assert_rewrite_sound
+
+    import fxrewrite.driver as driver
+    from fxrewrite import rewrite
+
+    pushed = {True: 0, False: 0}
+    real = Worklist.push_all
+
+    def counting(self, nodes, *, fast):
+        nodes = list(nodes)
+        pushed[fast] += len(nodes)
+        return real(self, nodes)
+
+    applied = {}
+    for seed in range(12):
+        gm = _dag(seed)
+        results = {}
+        for fast in (False, True):
+            monkeypatch.setattr(driver, "PRUNED_REQUEUE", fast)
+            monkeypatch.setattr(Worklist, "push_all", lambda self, nodes, fast=fast: counting(self, nodes, fast=fast))
+            results[fast] = rewrite(gm, RuleSet(_ODD_THEN_EVEN))
+            assert_rewrite_sound(gm, results[fast], X)
+        assert results[True].code == results[False].code, seed
+        for what in ("applied", "attempts", "rejected", "reasons"):
+            assert dict(getattr(results[True].report, what)) == dict(getattr(results[False].report, what)), seed
+        applied[seed] = sum(results[True].report.applied.values())
+    assert sum(applied.values()) >= 50 and min(applied.values()) >= 2, applied
+    assert pushed[True] < pushed[False] * 0.8, pushed
+
+
+def test_the_requeue_is_whole_where_a_waiting_node_may_gain_an_anchor_key():
+    """In a graph writing in place (``a.relu_()`` becomes ``relu`` once nothing else reads
+    ``a``), or with rules anchored at a key a respelled node gains (``x.max(d).values`` is a
+    ``getitem``), nothing is left out of the requeue."""
+    rules = RuleSet(_ODD_THEN_EVEN)
+    assert Driver(_dag(0), rules, budget=100, debug=False).pruned
+    writes = fx.symbolic_trace(lambda a: torch.neg(torch.neg(a)).relu_())
+    assert not Driver(writes, rules, budget=100, debug=False).pruned
+    first = Rule.from_functions(lambda x: torch.max(x, 0).values, lambda x: torch.amax(x, 0), name="max_values")
+    assert not Driver(_dag(0), RuleSet([*_ODD_THEN_EVEN, first]), budget=100, debug=False).pruned
+
+
+def test_the_keys_a_respelled_node_gains_are_those_the_driver_knows():
+    """Every spelling :func:`~fxrewrite.canon.respelled` knows gives a key of the driver's
+    ``_RESPELLED_KEYS``, or is an in-place write (which ends the pruning)."""
+    from fxrewrite.canon import mutation
+    from fxrewrite.driver import _RESPELLED_KEYS
+
+    def spellings(x):
+        return (x[:, None], x.mT, x.permute(1, 0), 1 / x, x.shape[0], x.max(0).values, x.exp().div_(2.0))
+
+    gm = fx.symbolic_trace(spellings)
+    respelled = [n for n in gm.graph.nodes if len(node_keys(n)) == 2]
+    assert len(respelled) >= 6
+    for node in respelled:
+        assert node_keys(node)[0] in _RESPELLED_KEYS or mutation(node) is not None, node.format_node()
