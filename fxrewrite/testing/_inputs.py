@@ -18,7 +18,7 @@ from ..pattern import Param
 from ..rule import Rule
 from ._domain import Domain
 from ._nn_modules import default_module
-from ._plan import InputPlan, draw_counts, relations_by_rank, relations_of_every_rank
+from ._plan import InputPlan, draw_counts, refuses_most_layouts, relations_by_rank, relations_of_every_rank
 from ._probing import _probe
 from ._running import GuardHarness
 
@@ -60,6 +60,7 @@ def plan_inputs(rule: Rule, *, domain: Mapping[str, Any] | None = None) -> Input
         _check_module_source(plan, param)
     configs, failure = _probe(plan)
     plan = attrs.evolve(plan, configs=configs, probe_failure=failure)
+    plan = attrs.evolve(plan, refusing=refuses_most_layouts(plan))
     ranked = relations_by_rank(plan)
     return attrs.evolve(plan, relations=relations_of_every_rank(ranked), ranked_relations=ranked)
 

@@ -30,6 +30,7 @@ from ..rule import Rule
 from ._domain import Domain
 from ._nn_modules import default_module, fit_input_shape
 from ._running import GuardHarness, GuardRaised, _guard_name, _seeded, call_rule_function
+from ._sizes import SizedOp, fitting_sizes, sized_ops
 from ._values import _as_strategy, _build_tensor, _non_contiguous, _unique, _value_lists
 
 #: Dtypes a ``torch.dtype`` literal capture is drawn from.
@@ -189,6 +190,9 @@ class InputPlan:
     #: The same relations by the rank of the base shape on which they were accepted
     #: (:func:`relations_by_rank`), drawn instead while :data:`RELATIONS_BY_RANK` is on.
     ranked_relations: Mapping[int, tuple[Mapping[str, int], ...]] = attrs.field(factory=dict, repr=False)
+    #: A rule without guards or literals whose pattern refuses most layouts of a fixed grid
+    #: (:func:`refuses_most_layouts`): its layouts are drawn first.
+    refusing: bool = False
     #: What this plan and the plans made from it drew and kept (shared with :func:`draw_counts`).
     counts: DrawCounts = attrs.field(factory=DrawCounts, repr=False)
 
@@ -577,7 +581,7 @@ def relations_by_rank(plan: InputPlan) -> dict[int, tuple[Mapping[str, int], ...
     (on stand-ins of any of the plan's dtypes at that rank), fewest dropped first."""
     names = plan.broadcastable
     literals = _stand_in_literals(plan)
-    if plan.harness is None or literals is None or not names or plan.modules:
+    if (plan.harness is None and not plan.refusing) or literals is None or not names or plan.modules:
         return {}
     found: dict[int, dict[tuple[int, ...], None]] = {}
     for config in plan.configs:
@@ -644,10 +648,11 @@ def _index_literals(plan: InputPlan) -> list[str]:
     return [p.name for p in plan.literals if p.annotation is int and p.name not in plan.domain.literals]
 
 
-def _index_groups(plan: InputPlan) -> list[list[str]]:
-    """:func:`_index_literals` grouped by the op of the pattern that takes them (the dims of one
-    ``permute``), in the order of the captures; one group when a single op takes them all."""
-    group = _index_literals(plan)
+def _index_groups(plan: InputPlan, fitted: Mapping[str, Any] = {}) -> list[list[str]]:
+    """:func:`_index_literals` not in ``fitted`` grouped by the op of the pattern that takes them
+    (the dims of one ``permute``), in the order of the captures; one group when a single op
+    takes them all."""
+    group = [name for name in _index_literals(plan) if name not in fitted]
     placeholders = plan.rule.compiled.placeholders
     owner: dict[str, Any] = {}
     for name in group:
@@ -681,35 +686,83 @@ def _declared_columns(plan: InputPlan) -> tuple[tuple[tuple[str, ...], int], ...
     return tuple((tuple(names), size) for (_, size), names in groups.items() if len(names) > 1)
 
 
-def _column_values(draw: Any, plan: InputPlan, columns: tuple[tuple[tuple[str, ...], int], ...]) -> dict[str, Any]:
-    """The literal captures, each group of ``columns`` one column of its declared values, the
-    others drawn on their own."""
-    chosen: dict[str, Any] = {}
+def _column_values(draw: Any, plan: InputPlan, columns: tuple[tuple[tuple[str, ...], int], ...],
+                   fitted: Mapping[str, Any]) -> dict[str, Any]:
+    """The literal captures, each group of ``columns`` one column of its declared values, those
+    of ``fitted`` as given, the others drawn on their own."""
+    chosen: dict[str, Any] = dict(fitted)
     for names, size in columns:
         index = draw(st.integers(0, size - 1), label="declared column")
         chosen.update({name: plan.domain.literals[name][index] for name in names})
     return {p.name: chosen[p.name] if p.name in chosen else draw(_literal_strategy(plan, p)) for p in plan.literals}
 
 
+#: The sizes of a ``view``/``reshape`` whose sizes are all ``int`` literal captures are drawn
+#: three times in four among the size tuples that fit its input's number of elements
+#: (:func:`~fxrewrite.testing._sizes.fitting_sizes`): drawn one by one, ``reshape4_reshape4``'s
+#: layouts were refused 5 times in 6. False is the slow twin: the sizes drawn as other literals.
+FITTED_SIZES = True
+
+#: Values an undeclared ``int`` size is fitted from (its own draws are -4 to 4: below -1 never fits).
+_UNDECLARED_SIZES = (-1, 0, 1, 2, 3, 4)
+
+
+@functools.lru_cache(maxsize=256)
+def _sized_ops(plan: InputPlan) -> tuple[tuple[SizedOp, tuple[tuple[int, ...], ...]], ...]:
+    """The plan's sized ops (:func:`~fxrewrite.testing._sizes.sized_ops`) whose sizes have
+    listed values (or none declared), each with the candidates of each size."""
+    ints = [p.name for p in plan.literals if p.annotation is int and not p.optional]
+    out = []
+    for op in sized_ops(plan.rule, ints, [p.name for p in plan.tensors]):
+        declared = [plan.domain.literals.get(name, _UNDECLARED_SIZES) for name in op.names]
+        if all(isinstance(d, (tuple, list)) and all(type(v) is int for v in d) for d in declared):
+            out.append((op, tuple(tuple(d) for d in declared)))
+    return tuple(out)
+
+
+def _fitted_sizes(draw: Any, plan: InputPlan, numels: Sequence[int]) -> dict[str, int]:
+    """The sizes of the plan's sized ops, fitted to ``numels`` (each op's input's number of
+    elements) three times in four; nothing the fourth time, or for a plan without sized ops."""
+    sized = _sized_ops(plan) if FITTED_SIZES and numels else ()
+    if not sized or not draw(st.integers(0, 3), label="fitted sizes"):
+        return {}
+    fitted: dict[str, int] = {}
+    for (op, candidates), numel in zip(sized, numels):
+        fits = fitting_sizes(candidates, numel)
+        if fits:
+            fitted.update(zip(op.names, draw(_sampled(fits))))
+    return fitted
+
+
+def _numels(plan: InputPlan, layouts: Mapping[str, _Layout]) -> tuple[int, ...]:
+    """The number of elements of each sized op's input, by ``layouts``."""
+    return tuple(math.prod(layouts[op.source].shape) for op, _ in _sized_ops(plan)) if FITTED_SIZES else ()
+
+
 @_reused
 @st.composite
-def _literal_values(draw: Any, plan: InputPlan, base: Sequence[int] = ()) -> dict[str, Any]:
+def _literal_values(draw: Any, plan: InputPlan, base: Sequence[int] = (),
+                    numels: tuple[int, ...] = ()) -> dict[str, Any]:
     """The literal captures: each drawn on its own, or (when there are several undeclared
     ``int`` captures) as a permutation of ``range(n)``, each index possibly counted from the
     end: every permutation of a small rank is drawn, which independent draws hardly hit; or as
     sizes that add up to one of the ``base`` shape's sides (split sizes, narrow's start and
-    length), which independent draws hit as rarely."""
+    length), which independent draws hit as rarely. The sizes of a view or reshape are first
+    fitted to ``numels`` (:func:`_fitted_sizes`)."""
+    fitted = _fitted_sizes(draw, plan, numels)
     columns = _declared_columns(plan) if DECLARED_COLUMNS else ()
+    columns = tuple(c for c in columns if not set(c[0]) & fitted.keys())
     if columns and draw(st.booleans(), label="declared columns"):
-        values = _column_values(draw, plan, columns)
+        values = _column_values(draw, plan, columns, fitted)
     else:
-        values = {p.name: draw(_literal_strategy(plan, p)) for p in plan.literals}
+        values = {p.name: fitted[p.name] if p.name in fitted else draw(_literal_strategy(plan, p))
+                  for p in plan.literals}
     dtypes = [p.name for p in plan.literals if p.annotation is torch.dtype and p.name not in plan.domain.literals]
     if len(dtypes) > 1 and (plan.separating or draw(st.booleans(), label="dtype pair")):
         values.update(zip(dtypes, draw(st.sampled_from(_DTYPE_PAIRS))))
-    group = _index_literals(plan)
+    group = [name for name in _index_literals(plan) if name not in fitted]
     if len(group) > 1 and draw(st.booleans(), label="permutation"):
-        for dims in _index_groups(plan):  # the dims of each op: permute(p).permute(q) is two permutations
+        for dims in _index_groups(plan, fitted):  # the dims of each op: permute(p).permute(q) is two permutations
             order = draw(st.permutations(range(len(dims))))
             from_end = draw(st.lists(st.booleans(), min_size=len(dims), max_size=len(dims)))
             values.update({name: i - len(dims) if neg else i for name, i, neg in zip(dims, order, from_end)})
@@ -800,7 +853,7 @@ def _accepted_layouts(draw: Any, plan: InputPlan) -> _Skeleton | None:
         return None
     config, base, modules = skeleton
     layouts = draw(_tensor_layouts(plan, config, base))
-    literals = draw(_literal_values(plan, base))
+    literals = draw(_literal_values(plan, base, _numels(plan, layouts)))
     return None if _layouts_refused(plan, layouts, literals, modules) else (layouts, literals, modules)
 
 
@@ -886,7 +939,47 @@ def _draws_layouts_first(plan: InputPlan) -> bool:
     with tensor arguments only and no guard keep the plain draw, each tensor's values with its
     layout: their patterns refuse few draws, and the pinned shrinks of their counterexamples
     depend on that order."""
-    return plan.harness is not None or bool(plan.modules) or any(p.annotation is int for p in plan.literals)
+    return (plan.harness is not None or bool(plan.modules) or any(p.annotation is int for p in plan.literals)
+            or plan.refusing)
+
+
+#: Rules without guards, modules or ``int`` literals whose patterns refuse most layouts of a
+#: fixed grid on stand-ins (:func:`refuses_most_layouts`: ``x @ y``, ``linear(x, w, b)``,
+#: ``x.view_as(y)``) draw layouts first, with the shape relations their patterns accept, as
+#: guarded rules do: their values were drawn for 4 to 7 inputs per input kept (``contiguous_linear_bias``
+#: kept 15% of its draws). False is the slow twin: they keep the plain draw.
+LAYOUTS_FIRST_WHEN_REFUSED = True
+
+
+def refuses_most_layouts(plan: InputPlan) -> bool:
+    """Whether the pattern of a rule with two tensor arguments or more, drawn plainly
+    (:func:`_draws_layouts_first`), refuses at least half of a grid of layouts on stand-in
+    tensors: at each rank it runs on for its first dtype, a square base shape and one of
+    unequal sides, each with every tensor of that shape and then each broadcastable one 0-dim;
+    and each tensor of another dtype than the others, on the square base shape. Elementwise
+    patterns refuse none of them; ``x @ y`` refuses unequal inner sides, 0-dim operands and
+    mixed dtypes."""
+    if not LAYOUTS_FIRST_WHEN_REFUSED or len(plan.tensors) < 2 or _draws_layouts_first(plan) or not plan.configs:
+        return False
+    dtype = plan.dtypes[0]
+    other = next((d for d in plan.dtypes if d != dtype), None)
+    literals = _stand_in_literals(plan)
+    if literals is None:
+        return False
+    refused = tried = 0
+    for config in plan.configs:
+        if config.dtype != dtype:
+            continue
+        for base in _unique([(2,) * config.rank, tuple(range(2, 2 + config.rank))]):
+            layouts = {p.name: _Layout(_fixed_shape(plan, p, base), _stand_in_dtype(plan, config, p), False)
+                       for p in plan.tensors}
+            variants = [layouts, *({**layouts, n: attrs.evolve(layouts[n], shape=())} for n in plan.broadcastable)]
+            if other is not None and plan.domain.mixed_dtypes and base == (2,) * config.rank:
+                variants += [{**layouts, n: attrs.evolve(layouts[n], dtype=other)} for n in layouts
+                             if plan.domain.tensor_domain(n).dtypes is None]
+            refused += sum(_layouts_refused(plan, variant, literals, {}) for variant in variants)
+            tried += len(variants)
+    return 2 * refused >= tried > 0
 
 
 @st.composite

@@ -27,6 +27,7 @@ each, imported in this order (each one only from those before it):
 * ``_nn_modules``: modules for module captures (:func:`default_module`, :func:`fit_input_shape`);
 * ``_running``: a rule's pattern and guards run on concrete values (:func:`call_rule_function`,
   :class:`GuardHarness`, :func:`match_for`, :class:`GuardRaised`);
+* ``_sizes``: the sizes of a view or reshape that fit its input (:func:`fitting_sizes`);
 * ``_plan``: what is drawn for one rule, and the drawing (:class:`InputPlan`, :func:`accepts`);
 * ``_probing``: the dtypes and ranks on which a rule's pattern runs, tried before searching;
 * ``_inputs``: the entry points (:func:`plan_inputs`, :func:`inputs_for`).

@@ -7,7 +7,10 @@
 * ``_plan.RELATIONS_WITH_LITERALS``: shape relations are found for rules whose literals are all
   listed in the domain;
 * ``_plan.ONES_AS_BITS``: the size-1 dimensions of a broadcast shape drawn as one integer;
-* ``_plan.RELATIONS_BY_RANK``: shape relations drawn among those accepted at the drawn rank.
+* ``_plan.RELATIONS_BY_RANK``: shape relations drawn among those accepted at the drawn rank;
+* ``_plan.FITTED_SIZES``: the sizes of a view or reshape drawn among those that fit its input;
+* ``_plan.LAYOUTS_FIRST_WHEN_REFUSED``: rules without guards whose patterns refuse most layouts
+  draw layouts first, with the shape relations they accept.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 
 from fxrewrite import Rule
-from fxrewrite.testing import _plan
+from fxrewrite.testing import _plan, _sizes
 from fxrewrite.testing.strategies import plan_inputs
 
 DRAWS = settings(max_examples=40, database=None, derandomize=True, deadline=None,
@@ -160,3 +163,94 @@ def test_relations_by_rank_and_of_every_rank_keep_the_same_inputs_and_refuse_few
             assert _plan.accepts(plan, inputs)
         refused[by_rank] = _plan.draw_counts(rule).layouts_refused
     assert refused[True] < refused[False], refused
+
+
+# -- sizes of views and reshapes ------------------------------------------------------------------
+
+
+def _reshapes(x: torch.Tensor, sizes: tuple[int, ...]) -> bool:
+    try:
+        x.reshape(sizes)
+    except RuntimeError:
+        return False
+    return True
+
+
+def test_fitting_sizes_are_the_sizes_torch_can_reshape_to():
+    import itertools
+
+    candidates = (-2, -1, 0, 1, 2, 3)
+    for numel in (1, 2, 4, 6):
+        x = torch.zeros(numel)
+        for count in (1, 2, 3):
+            expected = tuple(t for t in itertools.product(candidates, repeat=count) if _reshapes(x, t))
+            assert _sizes.fitting_sizes((candidates,) * count, numel) == expected, (numel, count)
+
+
+def _view_chain(x, y, a: int, b: int, c: int, d: int):  # type: ignore[no-untyped-def]
+    return x.view(a, b).reshape((c,)).sum(d) + y
+
+
+def _view_twice(x, a: int, b: int, c: int, e: int, f: int):  # type: ignore[no-untyped-def]
+    return x.view(a, b, c).view(e, f)
+
+
+def test_the_sized_ops_of_a_pattern_are_its_views_and_reshapes_by_literal_sizes():
+    rule = Rule.from_functions(_view_chain, _view_chain, name="chain")
+    ops = _sizes.sized_ops(rule, ["a", "b", "c", "d"], ["x", "y"])
+    assert ops == (_sizes.SizedOp(("a", "b"), "x"), _sizes.SizedOp(("c",), "x"))  # sum's d is no size
+    assert _sizes.sized_ops(rule, ["a", "c", "d"], ["x", "y"]) == (_sizes.SizedOp(("c",), "x"),)  # b: not an int
+
+
+VIEW_TWICE = Rule.from_functions(_view_twice, _view_twice, name="view_twice",
+                                 domain={"ranks": (0, 3), "sides": (1, 2),
+                                         "literals": {n: (-1, 1, 2) for n in "abcef"}})
+
+
+@pytest.mark.slow  # two searches of 40 inputs
+def test_fitted_sizes_keep_the_inputs_accepted_and_refuse_fewer_layouts(monkeypatch):
+    refused, fitted = {}, {}
+    for fit in (True, False):
+        monkeypatch.setattr(_plan, "FITTED_SIZES", fit)
+        _plan.reset_draw_counts(VIEW_TWICE)
+        plan = plan_inputs(VIEW_TWICE)
+        drawn = _drawn(plan.strategy())
+        for inputs in drawn:
+            assert _plan.accepts(plan, inputs)
+        refused[fit] = _plan.draw_counts(VIEW_TWICE).layouts_refused
+        fitted[fit] = {tuple(d[n] for n in "abc") for d in drawn}
+    assert refused[True] < refused[False] / 2, refused
+    assert any(-1 in sizes for sizes in fitted[True]) and any(-1 not in sizes for sizes in fitted[True])
+
+
+# -- rules whose patterns refuse most layouts -----------------------------------------------------
+
+
+def _matmul(x, y):  # type: ignore[no-untyped-def]
+    return x @ y
+
+
+MATMUL = Rule.from_functions(_matmul, _matmul, name="matmul", domain={"dtypes": (torch.float32, torch.float64)})
+
+
+def test_a_pattern_that_refuses_most_layouts_draws_them_first(monkeypatch):
+    plan = plan_inputs(MATMUL)
+    assert plan.refusing and _plan._draws_layouts_first(plan) and plan.ranked_relations
+    assert not plan_inputs(PLAIN).refusing  # x * y broadcasts anything: the plain draw
+    monkeypatch.setattr(_plan, "LAYOUTS_FIRST_WHEN_REFUSED", False)
+    slow = plan_inputs(MATMUL)
+    assert not slow.refusing and not _plan._draws_layouts_first(slow) and not slow.ranked_relations
+
+
+@pytest.mark.slow  # two searches of 40 inputs
+def test_layouts_first_when_refused_keeps_the_inputs_accepted_and_draws_fewer(monkeypatch):
+    drawn_per_kept = {}
+    for first in (True, False):
+        monkeypatch.setattr(_plan, "LAYOUTS_FIRST_WHEN_REFUSED", first)
+        _plan.reset_draw_counts(MATMUL)
+        plan = plan_inputs(MATMUL)
+        for inputs in _drawn(plan.strategy()):
+            assert _plan.accepts(plan, inputs)
+        counts = _plan.draw_counts(MATMUL)
+        drawn_per_kept[first] = counts.drawn / counts.kept
+    assert drawn_per_kept[True] < drawn_per_kept[False], drawn_per_kept

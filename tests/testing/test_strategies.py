@@ -546,7 +546,7 @@ def test_a_broadcasting_bug_is_not_hidden_by_overflow_and_shrinks_to_two_element
 # ---- the module's layout: a public face over private modules, one job each ----------------------
 
 #: The private modules behind fxrewrite.testing.strategies, in import order, then the face itself.
-_LAYERS = ("_values", "_domain", "_nn_modules", "_running", "_plan", "_probing", "_inputs", "strategies")
+_LAYERS = ("_values", "_domain", "_nn_modules", "_running", "_sizes", "_plan", "_probing", "_inputs", "strategies")
 
 
 @pytest.mark.slow
