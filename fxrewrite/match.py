@@ -811,8 +811,15 @@ def _compiled_sound_match(program: _Program, pattern: Pattern, p2g: Mapping[Node
         if isinstance(value, Node) and value in inner:
             return None
         bindings[param.name] = value
-    nodes = tuple(sorted([*inner, *checks], key=_torch.node_position))
-    return Match(pattern, bindings, nodes, (output,), anchor, {}, dict(p2g))
+    return Match(pattern, bindings, _in_graph_order([*inner, *checks]), (output,), anchor, {}, p2g)
+
+
+def _in_graph_order(nodes: list[Node]) -> tuple[Node, ...]:
+    """``nodes`` sorted by graph position (two, a two-op pattern's, compared rather than sorted)."""
+    if len(nodes) == 2:
+        a, b = nodes
+        return (a, b) if _torch.node_position(a) < _torch.node_position(b) else (b, a)
+    return tuple(sorted(nodes, key=_torch.node_position))
 
 
 def match_at(pattern: Pattern, anchor: Node, owner: torch.nn.Module | None, *,
@@ -841,7 +848,7 @@ def match_at(pattern: Pattern, anchor: Node, owner: torch.nn.Module | None, *,
             pass  # the search tries the alternatives
         else:
             if walked:
-                if isinstance(walk, _CompiledWalk):
+                if isinstance(walk, _CompiledWalk):  # (its bindings handed over: the walk ends here)
                     match = _compiled_sound_match(walk.program, pattern, walk.p2g, anchor, modules, walk.skipped)
                 else:
                     match, _ = _sound_match(pattern, walk.p2g, anchor, modules, walk.skipped)
