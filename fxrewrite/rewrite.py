@@ -286,7 +286,7 @@ def _drop_dead_attributes(gm: fx.GraphModule, *, owned: bool) -> None:
         gm.delete_all_unused_submodules()
     if not owned:
         return
-    read = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
+    read = {n.target for n in gm.graph.find_nodes(op="get_attr")}
     for name, _ in [*gm.named_parameters(recurse=False), *gm.named_buffers(recurse=False)]:
         if name not in read:  # only gm's own attributes: submodules may be shared with the caller
             delattr(gm, name)
@@ -301,7 +301,10 @@ FAST_SUBMODULE_SWEEP = True
 def _delete_unused_submodules(gm: fx.GraphModule) -> None:
     """What ``gm.delete_all_unused_submodules()`` does, with the used names in a set: a submodule
     is used when a ``call_module`` or ``get_attr`` node's target is it, lies below it, or (for a
-    ``call_module``) lies above it; the others are deleted, in ``named_modules()`` order."""
+    ``call_module``) lies above it; the others are deleted, in ``named_modules()`` order. A module
+    without children has nothing below it to list; each unused one is deleted from the parent
+    ``named_modules()`` found it in, unless an unused ancestor went first (fx's
+    ``delete_submodule`` then finds no path to it and deletes nothing)."""
     used: set[str] = set()
     graph = gm.graph
     for node in [*graph.find_nodes(op="call_module"), *graph.find_nodes(op="get_attr")]:
@@ -313,9 +316,18 @@ def _delete_unused_submodules(gm: fx.GraphModule) -> None:
                 submodule = gm.get_submodule(node.target)
             except AttributeError:  # a node naming a module that does not exist: nothing to keep below it
                 continue
-            used.update(f"{node.target}.{name}" for name, _ in submodule.named_modules() if name != "")
-    for name in [name for name, _ in gm.named_modules() if name not in used]:
-        gm.delete_submodule(name)
+            if submodule._modules or type(submodule).named_modules is not torch.nn.Module.named_modules:
+                used.update(f"{node.target}.{name}" for name, _ in submodule.named_modules() if name != "")
+    listed = dict(gm.named_modules())
+    gone: set[str] = set()
+    for name in listed:
+        if name in used or not name:  # "" is gm itself: fx finds no attribute of that name
+            continue
+        parent, _, atom = name.rpartition(".")
+        if parent and any(path in gone for path in itertools.accumulate(parent.split("."), _join_path)):
+            continue  # below a deleted module: out of gm's reach already
+        delattr(listed[parent], atom)
+        gone.add(name)
 
 
 def _join_path(prefix: str, atom: str) -> str:

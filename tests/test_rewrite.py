@@ -925,16 +925,13 @@ rewrite_module = importlib.import_module("fxrewrite.rewrite")  # the package's `
 
 
 def _sweep_graph_module() -> fx.GraphModule:
-    """Submodules used every way fx counts (called, read through, above and below a called one)
-    and unused ones at every depth."""
+    """Submodules used every way fx counts (called, read through, above and below a called one),
+    unused ones at every depth, and modules listed under two names (added after the GraphModule
+    is built: it copies only what its graph names)."""
     root = torch.nn.Module()
     root.used = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Sequential(torch.nn.ReLU()))
-    root.unused = torch.nn.Sequential(torch.nn.Linear(2, 2))
     root.holder = torch.nn.Module()
     root.holder.read = torch.nn.Linear(2, 2)
-    root.holder.dead = torch.nn.ReLU()
-    root.holder.deeper = torch.nn.Module()
-    root.holder.deeper.dead_too = torch.nn.Tanh()
     graph = fx.Graph()
     x = graph.placeholder("x")
     y = graph.call_module("used", (x,))
@@ -942,6 +939,14 @@ def _sweep_graph_module() -> fx.GraphModule:
     z = graph.call_function(torch.matmul, (y, w))
     out = graph.output(z)
     gm = fx.GraphModule(root, graph)
+    gm.unused = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    gm.holder.dead = torch.nn.ReLU()
+    gm.holder.deeper = torch.nn.Module()
+    gm.holder.deeper.dead_too = torch.nn.Tanh()
+    gm.holder.deeper.alias = gm.holder.dead  # listed under its first name only
+    gm.alias = gm.used[0]  # listed under its first name only, which is used
+    gm.later = torch.nn.Module()
+    gm.later.alias = gm.unused  # unused under both names
     with gm.graph.inserting_before(out):  # a call of a module that does not exist (fx skips it)
         out.args = (gm.graph.create_node("call_module", "missing.module", (z,)),)
     return gm
@@ -954,6 +959,8 @@ def test_the_unused_submodule_sweep_deletes_what_fx_s_deletes(make):
     rewrite_module._delete_unused_submodules(fast)
     slow.delete_all_unused_submodules()
     assert [name for name, _ in fast.named_modules()] == [name for name, _ in slow.named_modules()]
+    assert [name for name, _ in fast.named_modules(remove_duplicate=False)] == [
+        name for name, _ in slow.named_modules(remove_duplicate=False)]
     if make is _sweep_graph_module:
         assert {name for name, _ in fast.named_modules()} == {"", "used", "used.0", "used.1", "used.1.0", "holder",
                                                              "holder.read"}
