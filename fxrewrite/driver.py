@@ -62,12 +62,12 @@ import torch
 import torch.fx as fx
 from torch.fx.node import Node
 
-from ._torch import is_erased, tree_flatten, tree_leaves, tree_unflatten
+from ._torch import is_erased, node_position, tree_flatten, tree_leaves, tree_unflatten
 from .canon import alias_class, input_keys, is_aten_graph, mutation, node_keys, same_literal, writers_of
 from .dispatch import RuleIndex
 from .errors import DidNotConverge, Refuse, RewriteError
 from .index import OpIndex
-from .match import Match, anchor_module_class, match_at, node_position
+from .match import Match, anchor_module_class, match_at
 from .meta import copy_value
 from .replace import Change, Splicer, placement_refusal
 from .report import MAX_REASONS, Report, RuleStats
@@ -192,16 +192,20 @@ class Worklist:
             filled, i = self._filled[level], self._next[level]
             end = len(filled)
             while queue or i < end:
-                if i < end and (not queue or node_position(filled[i]) <= queue[0][0]):
-                    node = filled[i]
-                    i += 1
+                if i < end:
+                    position = node_position(filled[i])
+                    if queue and queue[0][0] < position:  # (the filled node first on a tie)
+                        position, _, node = heapq.heappop(queue)
+                    else:
+                        node = filled[i]
+                        i += 1
                 else:
-                    node = heapq.heappop(queue)[2]
+                    position, _, node = heapq.heappop(queue)
                 queued.discard(node)
                 if not is_erased(node):
                     self._next[level] = i
-                    if self.mark is None or node_position(node) > self.mark:
-                        self.mark = node_position(node)
+                    if self.mark is None or position > self.mark:
+                        self.mark = position
                     return node, level
             self._next[level] = i
         return None
