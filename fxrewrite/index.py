@@ -61,10 +61,16 @@ class OpIndex:
         self._buckets: dict[Hashable, list[Node]] = {}
         self._added: dict[Hashable, list[Node]] = {}
         self._generation = 0  # bumped by every change the index is told about
-        self._clean: dict[Hashable, int] = {}  # key -> generation at which its bucket was last filtered
+        buckets = self._buckets
         for node in graph.nodes:
-            for key in self.keys(node):
-                self._buckets.setdefault(key, []).append(node)
+            for key in node_keys(node, canonical):
+                bucket = buckets.get(key)
+                if bucket is None:
+                    buckets[key] = [node]
+                else:
+                    bucket.append(node)
+        #: Per key, the generation at which its bucket was last filtered (all live when built).
+        self._clean: dict[Hashable, int] = dict.fromkeys(buckets, 0)
 
     def keys(self, node: Node) -> tuple[Hashable, ...]:
         """The keys ``node`` is filed under (:func:`~fxrewrite.canon.node_keys`: one, or two for a
