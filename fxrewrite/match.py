@@ -671,7 +671,8 @@ COMPILED = True
 class _NodeFacts:
     """What the compiled walk needs to know of one pattern operation, worked out once."""
 
-    __slots__ = ("arity", "commutative", "inline", "key", "looks_through", "meaning", "named", "names", "simple")
+    __slots__ = ("args", "arity", "commutative", "inline", "key", "looks_through", "meaning", "named", "names",
+                 "simple")
 
     def __init__(self, pattern: Pattern, pn: Node) -> None:
         #: The op key a graph node must be filed under (:meth:`_Steps.same_op`).
@@ -688,6 +689,7 @@ class _NodeFacts:
         #: A call that lines up as written with a call of the same target and as many positional
         #: arguments and no keywords (what :func:`~fxrewrite.canon.lined_up_as` does for them).
         self.inline = self.simple and self.meaning is None and pn.target is not operator.truediv and not pn.kwargs
+        self.args = pn.args
         self.arity = len(pn.args)
         self.names = tuple(f"#{i}" for i in range(self.arity))
 
@@ -735,16 +737,17 @@ class _CompiledWalk(_StraightWalk):
         self.folded_nodes, self.skipped, self.assumed = [], [], []
 
     def straight_node(self, pn: Node, gv: Any) -> bool:
-        if pn in self.p2g:
+        p2g, program = self.p2g, self.program
+        if pn in p2g:
             return super().straight_node(pn, gv)
-        param = self.program.params.get(pn)
+        param = program.params.get(pn)
         if param is not None:
             value = self.variable_value(pn, param, gv)
             if value is _MISSING:
                 return False
-            self.p2g[pn] = value
+            p2g[pn] = value
             return True
-        facts = self.program.facts[pn]
+        facts = program.facts[pn]
         if not facts.simple:
             return super().straight_node(pn, gv)
         if type(gv) is not Node and not isinstance(gv, Node):
@@ -759,15 +762,16 @@ class _CompiledWalk(_StraightWalk):
                 return self.straight_node(pn, behind)
         if facts.key not in keys:
             return False
+        g_args = gv.args
         if len(keys) != 1:  # another op respelled: line up by meaning
             values = lined_up_arguments(pn, gv)
-        elif facts.inline and not gv.kwargs and len(gv.args) == facts.arity and gv.target == pn.target:
-            values = facts.names, pn.args, gv.args
+        elif facts.inline and not gv.kwargs and len(g_args) == facts.arity and gv.target == pn.target:
+            values = facts.names, facts.args, g_args
         else:
             values = lined_up_as(pn, gv, facts.meaning, pattern_named=facts.named)
         if values is None:
             return False
-        self.p2g[pn] = gv
+        p2g[pn] = gv
         names, p_values, g_values = values
         if facts.commutative and is_commutative_call(gv.op, gv.target, gv.args, gv.kwargs):
             g_values = self.decided_order(p_values, g_values)
