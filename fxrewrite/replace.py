@@ -294,7 +294,6 @@ class _ReplacementTracer(fx.Tracer):
         self.new_attributes = []
 
 
-
 #: Mark where a graph's fresh names stand before a replacement runs by journaling the name counts
 #: its call changes (:class:`_CountJournal`, opened in constant time); ``False`` (the slow twin):
 #: copy every count, one per name base the graph ever used (``conv17`` is a base of its own), which
