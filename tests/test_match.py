@@ -217,3 +217,81 @@ def test_a_tensor_view_without_metadata_raises_a_metadata_error_that_says_what_t
         _ = TensorView(relu).shape
     copy = pickle.loads(pickle.dumps(raised.value))  # written when read, pickled as the plain error
     assert type(copy) is MetadataError and str(copy) == str(raised.value) and "relu" in repr(raised.value)
+
+
+# -- tree-shaped patterns matched by closures, against the compiled walk ---------------------------
+
+
+def _tree_rules():
+    from _helpers import standard_rules
+
+    from fxrewrite import Rule
+
+    extra = [Rule.from_functions(lambda x: torch.neg(torch.neg(x)), lambda x: x, name="neg_neg"),
+             Rule.from_functions(lambda x: torch.relu(torch.abs(torch.sin(x))), lambda x: torch.abs(torch.sin(x)),
+                                 name="relu_abs_sin"),
+             Rule.from_functions(lambda x, y: torch.sub(torch.neg(x), y), lambda x, y: torch.neg(x + y),
+                                 name="sub_neg"),
+             Rule.from_functions(lambda x: torch.clamp(torch.neg(x), -1.0, 1.0),
+                                 lambda x: torch.neg(x).clamp(-1.0, 1.0), name="clamp_neg")]
+    return [*standard_rules(), *extra]
+
+
+def _every_tree_match(gm: fx.GraphModule, rules, *, trees: bool) -> list[tuple]:
+    import fxrewrite.match as match
+    from fxrewrite.canon import node_keys
+    from fxrewrite.index import OpIndex
+
+    saved, match.FAST_TREES = match.FAST_TREES, trees
+    try:
+        index, modules, found = OpIndex(gm.graph), dict(gm.named_modules()), []
+        for node in gm.graph.nodes:
+            for rule in (r for r in rules if r.anchor_key in node_keys(node)):
+                for m in match_at(rule.compiled, node, gm, modules=modules, candidates=index.nodes):
+                    found.append((rule.name, node.name, sorted((k, str(v)) for k, v in m.bindings.items()),
+                                  [n.name for n in m.nodes], [n.name for n in m.outputs],
+                                  [(p.name, str(g)) for p, g in m.node_map.items()]))
+        return found
+    finally:
+        match.FAST_TREES = saved
+
+
+def test_tree_patterns_matched_by_closures_are_the_matches_of_the_compiled_walk(monkeypatch):
+    """``FAST_TREES``: the same matches (bindings, nodes, outputs, and the node map in its order)
+    as the compiled walk, on a program where the closures decide (plain chains) and where they
+    must hand over (an identity looked through, a keyword call, a shared inner node, a user
+    outside the match, a respelled call, a literal that differs)."""
+    import fxrewrite.match as match
+
+    def program(x, y):
+        a = torch.neg(torch.neg(x)) + torch.relu(torch.abs(torch.sin(y)))
+        b = torch.neg(torch.nn.functional.dropout(torch.neg(a), p=0.0, training=False))  # an identity between
+        c = torch.neg(x.float())  # a no-op cast looked through by the variable
+        shared = torch.neg(b)
+        d = torch.neg(shared) * torch.sin(shared)  # the inner neg has a user outside the match
+        e = torch.sub(torch.neg(d), c, alpha=1) + torch.sub(torch.neg(d), y)  # keywords, then as written
+        f = torch.clamp(torch.neg(e), -1.0, 1.0) + torch.clamp(torch.neg(e), -1.0, 2.0)  # the literal differs
+        return f + torch.relu(torch.abs(torch.sin(f[:, None].squeeze(1)))), torch.neg(torch.neg(2 * x))
+
+    rules = _tree_rules()
+    gm = fx.symbolic_trace(program)
+    decided = {"closures": 0, "handed over": 0}
+    real = match._tree_matcher
+
+    def counting(pattern, program):
+        tree = real(pattern, program)
+        if tree is None:
+            return None
+
+        def spy(anchor):
+            found = tree(anchor)
+            decided["handed over" if found is match._FALLBACK else "closures"] += 1
+            return found
+        return spy
+
+    monkeypatch.setattr(match, "_tree_matcher", counting)
+    monkeypatch.setattr(match, "_programs", type(match._programs)())  # programs built with the spy
+    fast = _every_tree_match(gm, rules, trees=True)
+    assert fast == _every_tree_match(gm, rules, trees=False)
+    assert len(fast) >= 5 and decided["closures"] >= 20 and decided["handed over"] >= 3, (len(fast), decided)
+    assert {"neg_neg", "relu_abs_sin", "sub_neg", "clamp_neg"} <= {m[0] for m in fast}
