@@ -10,17 +10,20 @@
 * ``_plan.RELATIONS_BY_RANK``: shape relations drawn among those accepted at the drawn rank;
 * ``_plan.FITTED_SIZES``: the sizes of a view or reshape drawn among those that fit its input;
 * ``_plan.LAYOUTS_FIRST_WHEN_REFUSED``: rules without guards whose patterns refuse most layouts
-  draw layouts first, with the shape relations they accept.
+  draw layouts first, with the shape relations they accept;
+* ``_running.FAST_GUARD_VALUES``: the guard harness records the same values as fx's interpreter;
+* ``_plan.ADMITTED_BY_RELATIONS``: a focus an accepted relation admits is admitted by the search too.
 """
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
 from fxrewrite import Rule
-from fxrewrite.testing import _plan, _sizes
+from fxrewrite.testing import _plan, _running, _sizes
 from fxrewrite.testing.strategies import plan_inputs
 
 DRAWS = settings(max_examples=40, database=None, derandomize=True, deadline=None,
@@ -254,3 +257,106 @@ def test_layouts_first_when_refused_keeps_the_inputs_accepted_and_draws_fewer(mo
         counts = _plan.draw_counts(MATMUL)
         drawn_per_kept[first] = counts.drawn / counts.kept
     assert drawn_per_kept[True] < drawn_per_kept[False], drawn_per_kept
+
+
+# -- the guard harness's values -------------------------------------------------------------------
+
+
+def _recorded(harness: _running.GuardHarness, inputs: dict) -> list:  # type: ignore[type-arg]
+    try:
+        harness.match(inputs)
+    except Exception as exc:  # what the pattern raises is part of the answer
+        return [type(exc).__name__, str(exc).splitlines()[0]]
+    return [node.meta["val"] for node in harness.gm.graph.nodes]
+
+
+def _same_values(a: list, b: list) -> bool:  # type: ignore[type-arg]
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+            if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.dtype == y.dtype
+                    and x.shape == y.shape and torch.equal(x.nan_to_num(), y.nan_to_num())):
+                return False
+        elif repr(x) != repr(y):
+            return False
+    return True
+
+
+def _guarded_rules(names: tuple[str, ...] | None = None) -> list[Rule]:
+    from fxrewrite.loader import load_rules
+
+    rules = [r for r in load_rules() if r.where and not any(p.kind == "module" for p in r.compiled.params)]
+    return [r for r in rules if names is None or r.name in names]
+
+
+def _check_guard_values(rules: list[Rule], monkeypatch) -> int:  # type: ignore[no-untyped-def]
+    compared = 0
+    for rule in rules:
+        plan = plan_inputs(rule)
+        harness = _running.GuardHarness(rule)
+        for inputs in [*_drawn(plan.strategy())[:5], _broken(plan)]:
+            monkeypatch.setattr(_running, "FAST_GUARD_VALUES", True)
+            fast = _recorded(harness, inputs)
+            monkeypatch.setattr(_running, "FAST_GUARD_VALUES", False)
+            slow = _recorded(harness, inputs)
+            assert _same_values(fast, slow), (rule.name, fast, slow)
+            compared += 1
+    return compared
+
+
+def _broken(plan) -> dict:  # type: ignore[no-untyped-def,type-arg]
+    """Inputs the pattern raises on: every tensor 0-dim beside a 3-dim one."""
+    inputs = _drawn(plan.strategy())[0]
+    first = plan.tensors[0].name
+    return {k: (torch.ones(2, 3, 4, dtype=v.dtype) if k == first else v.reshape(-1)[:1].reshape(()))
+            if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+
+
+@pytest.mark.slow  # three rules, 41 inputs drawn each
+def test_fast_guard_values_are_the_interpreters(monkeypatch):
+    rules = _guarded_rules(("attention_masked", "linear_add_bias", "flatten_from_twice"))
+    assert len(rules) == 3 and _check_guard_values(rules, monkeypatch) == 18
+
+
+@pytest.mark.slow  # every guarded rule of the library
+def test_fast_guard_values_are_the_interpreters_on_the_library(monkeypatch):
+    rules = _guarded_rules()
+    assert _check_guard_values(rules, monkeypatch) == 6 * len(rules)
+
+
+def test_the_fast_guard_values_of_a_small_pattern():
+    rule = _matrix_rule()
+    harness = _running.GuardHarness(rule)
+    inputs = {"x": torch.ones(2, 3), "y": torch.full((3,), 2.0)}
+    fast = _recorded(harness, inputs)
+    slow_harness = _running.GuardHarness(rule)
+    slow_harness.values = None  # the interpreter
+    assert _same_values(fast, _recorded(slow_harness, inputs)) and float(fast[2][0, 0]) == 3.0
+
+
+# -- focused searches admitted by relations -------------------------------------------------------
+
+
+@pytest.mark.slow  # every rule of the library probed
+def test_a_focus_admitted_by_a_relation_is_admitted_by_the_search(monkeypatch):
+    from fxrewrite.loader import load_rules
+
+    shortcuts = 0
+    for rule in load_rules():
+        plan = plan_inputs(rule)
+        for name in plan.broadcastable:
+            focus = plan.with_smaller(name)
+            if _plan._admitted_by_relations(focus):
+                shortcuts += 1
+                monkeypatch.setattr(_plan, "ADMITTED_BY_RELATIONS", False)
+                assert _plan.admits_inputs(focus), (rule.name, name)
+                monkeypatch.setattr(_plan, "ADMITTED_BY_RELATIONS", True)
+    assert shortcuts >= 50
+
+
+def test_only_a_smaller_focus_with_a_relation_that_drops_it_is_admitted_without_a_search():
+    plan = plan_inputs(_matrix_rule())  # rank 2 keeps both; at ranks 3 and 4 x or y may lose one
+    assert _plan._admitted_by_relations(plan.with_smaller("x"))
+    assert not _plan._admitted_by_relations(plan)
+    assert not _plan._admitted_by_relations(attrs.evolve(plan.with_smaller("x"), ranked_relations={2: ({"x": 0},)}))
