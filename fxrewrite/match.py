@@ -749,15 +749,18 @@ def _tree_matcher(pattern: Pattern, program: _Program) -> Callable[[Node], Any] 
         if found is not True:
             return None if found is False else found
         inner = {p2g[pn]: pn for pn in computed}
+        out = p2g[output]
         for gn in inner:
-            if gn is not p2g[output] and any(user not in inner for user in gn.users):
-                return _FALLBACK  # (absorbable or not: _compiled_sound_match decides)
+            if gn is not out:
+                for user in gn.users:
+                    if user not in inner:
+                        return _FALLBACK  # (absorbable or not: _compiled_sound_match decides)
         bindings = {}
         for name, placeholder in placeholders:
             if p2g[placeholder] in inner:
                 return None
             bindings[name] = p2g[placeholder]
-        return Match(pattern, bindings, _in_graph_order(list(inner)), (p2g[output],), anchor, {}, p2g)
+        return Match(pattern, bindings, _in_graph_order(list(inner)), (out,), anchor, {}, p2g)
 
     return match
 
