@@ -68,6 +68,7 @@ __all__ = [
     "reparametrized",
     "set_code_fields",
     "set_graph_without_compiling",
+    "side_table_buckets",
     "torch_version",
     "tree_flatten",
     "tree_leaves",
@@ -92,6 +93,13 @@ def is_erased(node: Node) -> bool:
 def nodes_side_table(graph: fx.Graph) -> Collection[Node]:
     """The side table ``graph.find_nodes`` looks nodes up in (``node in table``: is it filed there)."""
     return graph._find_nodes_lookup_table  # type: ignore[return-value]
+
+
+def side_table_buckets(graph: fx.Graph) -> Mapping[tuple[str, Any], Collection[Node]]:
+    """The buckets of ``graph``'s side table (``nodes_side_table``), by key: a node is filed in the
+    bucket ``(node.op, node.target if node.op == "call_function" else None)``, so ``node in
+    buckets.get(key, ())`` is ``node in nodes_side_table(graph)`` without two method calls."""
+    return graph._find_nodes_lookup_table.table
 
 
 def node_name_base(graph: fx.Graph, target: Any) -> str:

@@ -996,6 +996,9 @@ def _broken_graphs() -> dict[str, fx.GraphModule]:
     gm.graph._find_nodes_lookup_table.remove(relu)
     broken["side table"] = gm
     gm, (x, relu, add, out) = fresh()
+    object.__setattr__(relu, "target", torch.sigmoid)  # filed under relu's key, called sigmoid now
+    broken["side table key"] = gm
+    gm, (x, relu, add, out) = fresh()
     other = fx.Graph().placeholder("y")
     relu.args = (other,)
     broken["foreign argument"] = gm
