@@ -37,6 +37,7 @@ from torch.fx.node import Node
 
 from ._torch import (
     FX_CODEGEN_RESPELLED,
+    FastNamespace,
     FxCodeGen,
     FxNamespace,
     FxPythonCode,
@@ -60,6 +61,11 @@ __all__ = ["annotated_code", "check_folder", "code_diff", "forward_code", "pickl
 #: (the slow twin; ``tests/test_codegen.py`` checks that both give the same code, globals and line map).
 #: On by default only on the torch versions whose generator it re-spells (``FX_CODEGEN_RESPELLED``).
 FAST_CODEGEN = torch_version() in FX_CODEGEN_RESPELLED
+
+#: Name the code's values and globals with ``_torch.FastNamespace``; ``False``: with fx's own namespace
+#: (the slow twin; ``tests/test_torch.py`` checks both name alike, ``tests/test_codegen.py`` that both
+#: generate the same code).
+FAST_NAMES = True
 
 _NO_TRACE = "# No stacktrace found for following nodes"
 
@@ -235,7 +241,7 @@ class _Printer:
 
     def __init__(self, graph: fx.Graph, root_module: str) -> None:
         self.graph, self.codegen, self.root = graph, graph._codegen, root_module
-        self.namespace = FxNamespace()
+        self.namespace = FastNamespace() if FAST_NAMES else FxNamespace()
         self.names: dict[Node, str] = {}
         self.globals: dict[str, Any] = {}
         self.calls: dict[int, tuple[Any, tuple[str, str]]] = {}  # id(call target) -> (target, self.call(target))

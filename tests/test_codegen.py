@@ -277,3 +277,18 @@ def test_recompile_and_its_slow_twin_give_the_same_module(monkeypatch):
     codegen.recompile(gm)
     assert gm.code == fast_code
     torch.testing.assert_close(gm(x), fast_out)
+
+
+@pytest.mark.parametrize("fast_names", [True, False])
+def test_python_code_is_fx_code_when_node_names_clash_with_globals_and_suffixes(monkeypatch, fast_names):
+    monkeypatch.setattr(codegen, "FAST_NAMES", fast_names)
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    names = ["torch", "operator", "getattr", "add_1", "add", "add_01", "a__2", "_3", "Ω_2", "neg_1_", "neg"]
+    value = x
+    for name in names:
+        value = graph.call_function(torch.neg, (value,))
+        value._rename(name)
+    value = graph.call_function(operator.add, (value, 1))
+    graph.output(value)
+    assert same_python_code(graph)

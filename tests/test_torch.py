@@ -136,3 +136,28 @@ def test_a_graph_that_refuses_the_replacement_keeps_its_own_python_code():
     with _torch.python_code_replaced(gm.graph, lambda *a, **k: None):
         gm.recompile()
     assert "return x" in gm.code
+
+
+_CANDIDATES = ["add", "add", "add_1", "add_1", "add_01", "add_0", "a__1", "a_1_", "a_1_2", "_", "_1", "__1",
+               "_unnamed", "x", "x_1", "x", "list", "list_1", "getattr", "if", "torch", "mul_99", "mul", "mul",
+               "9lives", "\u03b1\u03b2", "a-b", "a b_2", "", "add_\u0661", "name_2\n", "\u03a9_3", "add_2", "add"]
+
+
+def test_the_fast_namespace_names_as_fx_s_and_keeps_the_same_state():
+    objects = [object() for _ in _CANDIDATES]
+    for associate in (False, True):
+        slow, fast = _torch.FxNamespace(), _torch.FastNamespace()
+        for candidate, obj in zip(_CANDIDATES, objects):
+            obj_or_none = obj if associate else None
+            assert fast.create_name(candidate, obj_or_none) == slow.create_name(candidate, obj_or_none), candidate
+        assert fast.create_name("again", objects[0] if associate else None) == \
+            slow.create_name("again", objects[0] if associate else None)
+        assert fast._used_names == slow._used_names and fast._base_count == slow._base_count
+        assert fast._obj_to_name == slow._obj_to_name
+
+
+def test_the_fast_namespace_names_builtins_for_their_own_object_as_fx_does():
+    slow, fast = _torch.FxNamespace(), _torch.FastNamespace()
+    for candidate, obj in [("getattr", getattr), ("list", list), ("getattr", None), ("len", object())]:
+        assert fast.create_name(candidate, obj) == slow.create_name(candidate, obj)
+    assert fast._used_names == slow._used_names and fast._base_count == slow._base_count
