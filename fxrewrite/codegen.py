@@ -285,7 +285,8 @@ class _Printer:
             return self.name(arg)
         kind = type(arg)
         if kind in _ATOMS:
-            self.not_opaque(kind)
+            if self.opaque.get(kind) is not False:  # known not opaque: the common case, without a call
+                self.not_opaque(kind)
             return repr(arg)
         if kind in _TUPLES:
             if len(arg) == 1:
@@ -348,7 +349,7 @@ class _Generator(_Printer):
                 if used not in seen:
                     seen.add(used)
                     last_uses.setdefault(node, []).append(used)
-        chunks = [self.emit(node) + self.free(node, last_uses) for node in nodes]
+        chunks = self.chunks(nodes, last_uses)
         wrap_stmts = ""
         if self.wrapped:
             wrap_name = self.add_global("wrap", torch.fx.wrap)
@@ -364,6 +365,22 @@ class _Generator(_Printer):
             raise _Unsupported("a renamed node: another code generator may print node names itself")
         return FxPythonCode(f"\n{wrap_stmts}\n\n{prologue}\n{code}", self.globals, _lineno_map=lineno_map,
                             _prologue_start=wrap_stmts.count("\n") + 4)
+
+    def chunks(self, nodes: list[Node], last_uses: dict[Node, list[Node]]) -> list[str]:
+        """Each node's text: its line (:meth:`emit`) and the line's end, freeing the values last
+        used there (fx's ``delete_unused_values``, in one loop with the emission)."""
+        emit, names, chunks = self.emit, self.names, []
+        for node in nodes:
+            line, op = emit(node), node.op
+            if op == "placeholder":
+                chunks.append(line)
+                continue
+            to_delete = last_uses.get(node) if op != "output" else None
+            if not node.users and op != "output":
+                to_delete = [*to_delete, node] if to_delete else [node]
+            freed = f";  {' = '.join([names[n] for n in to_delete])} = None" if to_delete else ""
+            chunks.append(f"{line}{freed}\n")
+        return chunks
 
     def emit(self, node: Node) -> str:
         """fx's ``emit_node``: the node's line, without its end (see :meth:`free`)."""
@@ -398,16 +415,20 @@ class _Generator(_Printer):
     def emit_call(self, node: Node, annotation: str) -> str:
         """fx's ``emit_node`` for a ``call_function``: operators printed as Python operators."""
         target = node.target
-        kind, text = self.call(target)
+        known = self.calls.get(id(target))
+        kind, text = known[1] if known is not None and known[0] is target else self.call(target)
         if kind == "magic":
-            return f"{self.name(node)}{annotation} = {text.format(*(self.repr(a) for a in node.args))}"
+            names, printed = self.names, self.repr
+            name = names.get(node) or self.name(node)
+            values = [(names.get(a) or printed(a)) if type(a) is Node else printed(a) for a in node.args]
+            return f"{name}{annotation} = {text.format(*values)}"
         if kind == "inplace":
             return (f"{text.format(*(self.repr(a) for a in node.args))};  "
                     f"{self.name(node)}{annotation} = {self.repr(node.args[0])}")
         args = node.args
         if text == "getattr" and isinstance(args[1], str) and args[1].isidentifier() and len(args) == 2:
             return f"{self.name(node)}{annotation} = {fx_format_target(self.repr(args[0]), args[1])}"
-        line = f"{self.name(node)}{annotation} = {text}({self.arguments(args, node.kwargs)})"
+        line = f"{self.names.get(node) or self.name(node)}{annotation} = {text}({self.arguments(args, node.kwargs)})"
         if node.meta.get("is_wrapped", False):
             self.wrapped.setdefault(text)
         return line
@@ -431,32 +452,27 @@ class _Generator(_Printer):
         self.calls[id(target)] = (target, how)
         return how
 
-    def free(self, user: Node, last_uses: dict[Node, list[Node]]) -> str:
-        """fx's ``delete_unused_values``: the line's end, freeing the values last used there."""
-        if user.op == "placeholder":
-            return ""
-        if user.op == "output":
-            return "\n"
-        to_delete = last_uses.get(user, [])
-        if not user.users:
-            to_delete.append(user)
-        if to_delete:
-            return ";  " + " = ".join([self.names[n] for n in to_delete] + ["None"]) + "\n"
-        return "\n"
-
 
 def _line_map(chunks: list[str], prologue_len: int) -> tuple[dict[int, int | None], list[str]]:
     """fx's line map (generated line -> node index) and the body's lines, from each node's text."""
     lineno_map: dict[int, int | None] = {}
     lines: list[str] = []
+    lineno = prologue_len  # the generated line the next body line is
     for i, chunk in enumerate(chunks):
         if not chunk:
             continue
         if chunk[-1] != "\n" or _COUNTER in chunk:
             raise _Unsupported("a node's text that fx would split otherwise")
-        for line in chunk[:-1].split("\n"):
-            lineno_map[len(lines) + prologue_len] = i
+        body = chunk[:-1]
+        if "\n" not in body:  # one line: most nodes
+            lineno_map[lineno] = i
+            lines.append(body)
+            lineno += 1
+            continue
+        for line in body.split("\n"):
+            lineno_map[lineno] = i
             lines.append(line)
-    lineno_map[len(lines) + prologue_len] = len(chunks) - 1
+            lineno += 1
+    lineno_map[lineno] = len(chunks) - 1
     lines.append("")
     return lineno_map, lines
