@@ -677,7 +677,7 @@ class Splicer:
     def _notify(self, match: Match, created: list[Node], new_outputs: list[Node]) -> None:
         """Send the listeners the :class:`Change` a splice made."""
         change = Change(tuple(created), tuple(match.nodes), tuple(zip(match.outputs, new_outputs)),
-                        tuple(v for v in match.bindings.values() if isinstance(v, Node)))
+                        tuple([v for v in match.bindings.values() if isinstance(v, Node)]))
         for listener in self._listeners:
             listener(change)
 
@@ -706,7 +706,8 @@ def _template_key(rule: Rule, match: Match, aten: bool, annotate: bool,
         return None
     bindings = match.bindings
     # repr: -0.0 is not 0.0 here
-    literals = tuple((name, type(bindings[name]), repr(bindings[name])) for name in literal_names)
+    literals = tuple([(name, type(bindings[name]), repr(bindings[name])) for name in literal_names]) \
+        if literal_names else ()
     # which variables bound the same value: a template records one of them for both, so it is only
     # replayed for matches that share values the same way (x * x recorded is not x * y)
     nodes = [v for v in bindings.values() if isinstance(v, Node)]
