@@ -464,13 +464,13 @@ def _tensor_shape(draw: Any, plan: InputPlan, param: Param, base: tuple[int, ...
 
 
 def _tensor_values(draw: Any, plan: InputPlan, param: Param, layout: _Layout,
-                   drawn_values: dict[Any, list[Any]]) -> torch.Tensor:
+                   drawn_values: dict[Any, list[Any]], capped: bool = False) -> torch.Tensor:
     """The tensor of ``layout`` for ``param``: its values drawn (sometimes those of an earlier
-    tensor of its dtype), a mask's edge rows, then its layout."""
+    tensor of its dtype; ``capped``: no more than it holds), a mask's edge rows, then its layout."""
     own = plan.domain.tensor_domain(param.name)
     shape, dtype = layout.shape, layout.dtype
     values = draw(_value_lists(dtype, math.prod(shape), own.min_value, own.max_value, own.special_values,
-                               plan.separates_dtypes, plan.separating))
+                               plan.separates_dtypes, plan.separating, capped))
     # only between tensors whose values are drawn alike (another's bounds would be broken)
     kind = (dtype, own.min_value, own.max_value, own.special_values)
     earlier = drawn_values.get(kind)
@@ -840,7 +840,7 @@ def _layouts_first(draw: Any, plan: InputPlan) -> dict[str, Any]:
         reject()
     layouts, literals, modules = skeleton
     drawn_values: dict[Any, list[Any]] = {}
-    values = {p.name: _tensor_values(draw, plan, p, layouts[p.name], drawn_values) for p in plan.tensors}
+    values = {p.name: _tensor_values(draw, plan, p, layouts[p.name], drawn_values, capped=True) for p in plan.tensors}
     merged = {**values, **literals, **modules}
     return {p.name: merged[p.name] for p in plan.rule.compiled.params}
 

@@ -12,7 +12,8 @@
 * ``_plan.LAYOUTS_FIRST_WHEN_REFUSED``: rules without guards whose patterns refuse most layouts
   draw layouts first, with the shape relations they accept;
 * ``_running.FAST_GUARD_VALUES``: the guard harness records the same values as fx's interpreter;
-* ``_plan.ADMITTED_BY_RELATIONS``: a focus an accepted relation admits is admitted by the search too.
+* ``_plan.ADMITTED_BY_RELATIONS``: a focus an accepted relation admits is admitted by the search too;
+* ``_values.CAPPED_VALUE_LISTS``: a tensor drawn after its layout draws no more values than it holds.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 
 from fxrewrite import Rule
-from fxrewrite.testing import _plan, _running, _sizes
+from fxrewrite.testing import _plan, _running, _sizes, _values
 from fxrewrite.testing.strategies import plan_inputs
 
 DRAWS = settings(max_examples=40, database=None, derandomize=True, deadline=None,
@@ -360,3 +361,31 @@ def test_only_a_smaller_focus_with_a_relation_that_drops_it_is_admitted_without_
     assert _plan._admitted_by_relations(plan.with_smaller("x"))
     assert not _plan._admitted_by_relations(plan)
     assert not _plan._admitted_by_relations(attrs.evolve(plan.with_smaller("x"), ranked_relations={2: ({"x": 0},)}))
+
+
+# -- value lists capped at the tensor's size ------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool], ids=str)
+def test_a_capped_value_list_draws_at_most_the_tensors_size(dtype, monkeypatch):
+    def lists(capped: bool) -> str:
+        _values._value_lists.cache_clear()
+        return repr(_values._value_lists(dtype, 3, None, None, True, True, False, capped))
+
+    assert "max_size=3" in lists(True) and "max_size=32" not in lists(True)
+    assert "max_size=32" in lists(False) and "max_size=3)" not in lists(False)  # the plain draw
+    monkeypatch.setattr(_values, "CAPPED_VALUE_LISTS", False)
+    assert "max_size=32" in lists(True)  # the slow twin
+    _values._value_lists.cache_clear()
+
+
+@pytest.mark.slow  # two searches of 40 inputs
+def test_capped_and_uncapped_value_lists_keep_the_inputs_accepted_and_varied(monkeypatch):
+    for capped in (True, False):
+        monkeypatch.setattr(_values, "CAPPED_VALUE_LISTS", capped)
+        _values._value_lists.cache_clear()
+        plan = plan_inputs(GUARDED)
+        drawn = _drawn(plan.strategy())
+        assert all(_plan.accepts(plan, inputs) for inputs in drawn)
+        assert any(len(set(d["x"].flatten().tolist())) > 1 for d in drawn)  # tensors of several values
+    _values._value_lists.cache_clear()
