@@ -234,6 +234,11 @@ def _matmul(x, y):  # type: ignore[no-untyped-def]
     return x @ y
 
 
+def _view_as_twice(x, y, z):  # type: ignore[no-untyped-def]
+    return x.view_as(y).view_as(z)
+
+
+VIEW_AS_TWICE = Rule.from_functions(_view_as_twice, _view_as_twice, name="view_as_twice")
 MATMUL = Rule.from_functions(_matmul, _matmul, name="matmul", domain={"dtypes": (torch.float32, torch.float64)})
 
 
@@ -241,6 +246,7 @@ def test_a_pattern_that_refuses_most_layouts_draws_them_first(monkeypatch):
     plan = plan_inputs(MATMUL)
     assert plan.refusing and _plan._draws_layouts_first(plan) and plan.ranked_relations
     assert not plan_inputs(PLAIN).refusing  # x * y broadcasts anything: the plain draw
+    assert plan_inputs(VIEW_AS_TWICE).refusing  # 45% of the grid: numbers of elements differ
     monkeypatch.setattr(_plan, "LAYOUTS_FIRST_WHEN_REFUSED", False)
     slow = plan_inputs(MATMUL)
     assert not slow.refusing and not _plan._draws_layouts_first(slow) and not slow.ranked_relations
