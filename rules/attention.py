@@ -54,7 +54,7 @@ import torch
 import torch.nn.functional as F
 
 import fxrewrite
-from _fxrewrite_stdlib import FLOATS, finite, rank_at_least, sqrt, view
+from _fxrewrite_stdlib import FLOATS, broadcast_shape, finite, rank_at_least, sqrt, view
 
 PRIORITY = 10
 _TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
@@ -174,7 +174,7 @@ def attention_inverse_sqrt_dim(q, k, v, t):
 
 
 def _scores_shape(q, k) -> tuple[int, ...]:
-    return (*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]), q.shape[-2], k.shape[-2])
+    return (*broadcast_shape(q.shape[:-2], k.shape[:-2]), q.shape[-2], k.shape[-2])
 
 
 def _masks_fit(*masks: str):
@@ -190,7 +190,7 @@ def _masks_fit(*masks: str):
             return False
         try:
             scores = _scores_shape(q, k)
-            return all(torch.broadcast_shapes(scores, t.shape) == torch.Size(scores) for t in tensors[3:])
+            return all(broadcast_shape(scores, t.shape) == scores for t in tensors[3:])
         except RuntimeError:
             return False
 
@@ -226,7 +226,7 @@ def _alibi_fits(m: fxrewrite.Match) -> bool:
     if not q.dtype.is_floating_point or any(x.dtype != q.dtype for x in (kt, v, bias, mask)):
         return False
     try:
-        return torch.broadcast_shapes((b, h, t, keys), mask.shape) == torch.Size((b, h, t, keys))
+        return broadcast_shape((b, h, t, keys), mask.shape) == (b, h, t, keys)
     except RuntimeError:
         return False
 
