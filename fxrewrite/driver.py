@@ -23,7 +23,11 @@ before users), and rules in the rule set's order. After a change event the workl
 created nodes, and what lies downstream of them and of the inputs that lost a user, as far as the
 deepest pattern reaches (a pattern of depth d anchored further down cannot see a change more than
 d users away). An input that lost a user is a new candidate only if it has no more users than the
-largest pattern has nodes (only then can it now be an inner node of a match).
+largest pattern has nodes (only then can it now be an inner node of a match). A value that a
+deletion made stand for a matched output (``neg(neg(x)) => x``) gained the output's users: those
+users read a new input, so they and what lies downstream of them are queued too, however many
+users that value has (the users it had before are no new candidates). The event does not name
+them, so the driver notes the matched outputs' users just before the splice.
 
 **Why it stops.** Every visit pops a node; a visit that rewrites nothing pushes nothing, so
 without rewrites the worklist drains (at most one visit per node and level). Each rewrite pushes
@@ -292,7 +296,9 @@ class Driver:
         self.rewrites = 0
         self.recent: collections.deque[str] = collections.deque(maxlen=64)  # names of the last rules applied
         self._last: tuple[Rule, str] | None = None  # the last rewrite's rule and anchor name
-        self._applying: tuple[Rule, Match] | None = None  # the rewrite being spliced, for its change event
+        #: The rewrite being spliced, for its change event: its rule, its match, and per matched
+        #: output, the users it had (they read the output's new value after the splice).
+        self._applying: tuple[Rule, Match, tuple[tuple[Node, ...], ...]] | None = None
         self.rules = _Candidates(ruleset)
         self.by_level = self.rules.by_level
         self.reach = max((r.compiled.depth for r in ruleset), default=1)
@@ -408,7 +414,7 @@ class Driver:
             raise _did_not_converge(self.ruleset, self.recent, self.budget)
         self._last = (rule, match.anchor.name)
         started = time.perf_counter()
-        self._applying = (rule, match)
+        self._applying = (rule, match, tuple(tuple(out.users) for out in match.outputs))
         try:
             created = self.splicer.splice(match, rule)
         finally:
@@ -426,12 +432,14 @@ class Driver:
         """The splicer's change event: file the new nodes, note a rule that reproduced its own
         match, and queue what the change may have made matchable."""
         self.index.add(change.created)
+        rewired: list[Node] = []
         if self._applying is not None:
-            rule, match = self._applying
+            rule, match, users = self._applying
             new_anchor = dict(change.replaced)[match.anchor]
             if self._reproduces(rule, match, new_anchor):
                 self.settled.setdefault(rule.name, set()).add(new_anchor)
-        self._requeue(change)
+            rewired = _rewired(change, dict(zip(match.outputs, users)), self.largest)
+        self._requeue(change, rewired)
 
     def _reproduces(self, rule: Rule, match: Match, new_anchor: Node) -> bool:
         """True when the rewrite's result is, canonically, the subgraph it replaced (the rule's
@@ -446,12 +454,14 @@ class Driver:
                    for again in match_at(rule.compiled, new_anchor, self.gm, modules=self.modules,
                                          candidates=self.index.nodes))
 
-    def _requeue(self, change: Change) -> None:
-        """Queue what ``change`` may have made matchable (:func:`_reached`), in one go: the worklist
-        keeps graph order whatever the push order. A replacement writing in place (into a tensor
-        of its own) ends the pruning (:data:`PRUNED_REQUEUE`): that node's key may change."""
+    def _requeue(self, change: Change, rewired: Iterable[Node] = ()) -> None:
+        """Queue what ``change`` may have made matchable (:func:`_reached`; ``rewired``: the users
+        a deletion moved to a value with many users), in one go: the worklist keeps graph order
+        whatever the push order. A replacement writing in place (into a tensor of its own) ends
+        the pruning (:data:`PRUNED_REQUEUE`): that node's key may change."""
         self.pruned = self.pruned and not any(mutation(n) is not None for n in change.created)
-        self.worklist.push_all(_reached(change, self.reach, self.largest, self.worklist.mark if self.pruned else None))
+        mark = self.worklist.mark if self.pruned else None
+        self.worklist.push_all(_reached(change, self.reach, self.largest, mark, rewired))
 
     @property
     def last_rewrite(self) -> str | None:
@@ -484,17 +494,38 @@ def _lint_after(graph: fx.Graph, rule: Rule) -> None:
         ) from exc
 
 
-def _reached(change: Change, reach: int, largest: int, mark: Any = None) -> list[Node]:
+def _rewired(change: Change, users: Mapping[Node, tuple[Node, ...]], largest: int) -> list[Node]:
+    """The nodes that read a matched output (``users``: each output's users before the splice)
+    and now read the value standing for it, where :func:`_reached` does not walk from that value:
+    a value the match read (a deletion's result) with more than ``largest`` users."""
+    rewired = []
+    for old, new in change.replaced:
+        if new is not old and not is_erased(new) and len(new.users) > largest:
+            rewired += [u for u in users.get(old, ()) if not is_erased(u)]
+    return rewired
+
+
+def _reached(change: Change, reach: int, largest: int, mark: Any = None, rewired: Iterable[Node] = ()) -> list[Node]:
     """The created nodes, and what lies downstream of them and of the inputs that lost a user, up
     to ``reach`` (the deepest pattern's) users away; such an input may now be an inner node of a
     match, but only if it has no more users than the largest pattern has nodes (``largest``).
+    The ``rewired`` nodes (users a deletion moved to such an input with more users: they read a
+    new value) count as one user away, and what lies downstream of them is reached too. An input
+    that reads another input is reached as its user (that input may now be an inner node of a
+    match anchored at it).
     Given the worklist's ``mark``, none beyond it: those and what follows them wait already."""
     created = [n for n in change.created if not is_erased(n)]
     frontier = created + [n for n in change.inputs if not is_erased(n) and len(n.users) <= largest]
-    seen = set(frontier)
+    seen = set(created)  # not the inputs: one that reads another input is reached as its user
     reached = created
-    for _ in range(reach):
+    for step in range(reach):
         next_frontier = []
+        if step == 0:  # the rewired nodes: one user away from the value they now read
+            for user in rewired:
+                if user not in seen:
+                    seen.add(user)
+                    if mark is None or node_position(user) <= mark:
+                        next_frontier.append(user)
         for n in frontier:
             for user in n.users:
                 if user not in seen:
