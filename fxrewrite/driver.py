@@ -296,13 +296,14 @@ class Driver:
         self.rewrites = 0
         self.recent: collections.deque[str] = collections.deque(maxlen=64)  # names of the last rules applied
         self._last: tuple[Rule, str] | None = None  # the last rewrite's rule and anchor name
-        #: The rewrite being spliced, for its change event: its rule, its match, and per matched
-        #: output, the users it had (they read the output's new value after the splice).
+        #: The rewrite being spliced, for its change event: its rule, match, and each output's users before.
         self._applying: tuple[Rule, Match, tuple[tuple[Node, ...], ...]] | None = None
         self.rules = _Candidates(ruleset)
         self.by_level = self.rules.by_level
         self.reach = max((r.compiled.depth for r in ruleset), default=1)
         self.largest = max((len(r.compiled.inner_nodes) for r in ruleset), default=1)
+        #: Is some pattern multi-output? (Its anchor may be another user of a value a deletion moved users to.)
+        self.multi_output = any(r.compiled.is_multi_output for r in ruleset)
         needs_modules = any(r.compiled.module_captures for r in ruleset)
         self.modules: dict[str, torch.nn.Module] = dict(gm.named_modules()) if needs_modules else {}
         self.settled: dict[str, set[Node]] = {}  # per rule, the nodes it produced from its own pattern
@@ -438,7 +439,7 @@ class Driver:
             new_anchor = dict(change.replaced)[match.anchor]
             if self._reproduces(rule, match, new_anchor):
                 self.settled.setdefault(rule.name, set()).add(new_anchor)
-            rewired = _rewired(change, dict(zip(match.outputs, users)), self.largest)
+            rewired = _rewired(change, dict(zip(match.outputs, users)), self.largest, self.multi_output)
         self._requeue(change, rewired)
 
     def _reproduces(self, rule: Rule, match: Match, new_anchor: Node) -> bool:
@@ -494,14 +495,17 @@ def _lint_after(graph: fx.Graph, rule: Rule) -> None:
         ) from exc
 
 
-def _rewired(change: Change, users: Mapping[Node, tuple[Node, ...]], largest: int) -> list[Node]:
+def _rewired(change: Change, users: Mapping[Node, tuple[Node, ...]], largest: int,
+             multi_output: bool = False) -> list[Node]:
     """The nodes that read a matched output (``users``: each output's users before the splice)
     and now read the value standing for it, where :func:`_reached` does not walk from that value:
-    a value the match read (a deletion's result) with more than ``largest`` users."""
+    a value the match read (a deletion's result) with more than ``largest`` users. With
+    ``multi_output`` patterns, all of that value's users: a match of ``(sin(x), cos(x))`` anchored
+    at a ``sin`` reading it may now find its ``cos`` among the nodes moved there."""
     rewired = []
     for old, new in change.replaced:
         if new is not old and not is_erased(new) and len(new.users) > largest:
-            rewired += [u for u in users.get(old, ()) if not is_erased(u)]
+            rewired += list(new.users) if multi_output else [u for u in users.get(old, ()) if not is_erased(u)]
     return rewired
 
 

@@ -153,3 +153,21 @@ def test_the_requeue_reaches_what_a_deletion_made_matchable(monkeypatch, flag, p
         result = assert_rewrite_sound(program, rewrite(gm, RuleSet(rules)), X)
         assert {k: v for k, v in result.report.applied.items() if v} == fired
     assert_fixpoint(gm, RuleSet(rules))
+
+
+def _sibling_output(x):
+    """A deletion moves ``cos`` onto ``y`` (busy); the match of ``(cos(x), sin(x))`` is anchored
+    at the ``sin``, another user of ``y``, visited before."""
+    y = torch.relu(x)
+    return torch.sin(y) + torch.cos(torch.neg(torch.neg(y))) + torch.tanh(y) + torch.exp(y) + torch.abs(y)
+
+
+def test_a_multi_output_match_anchored_at_another_user_of_the_busy_value_is_found():
+    cos_sin = Rule.from_functions(lambda x: (torch.cos(x), torch.sin(x)),
+                                  lambda x: (torch.sin(x + torch.pi / 2), torch.sin(x)), name="cos_sin")
+    rules = RuleSet([NEG_NEG, cos_sin])
+    assert rules["cos_sin"].compiled.is_multi_output
+    gm = fx.symbolic_trace(_sibling_output)
+    result = assert_rewrite_sound(_sibling_output, rewrite(gm, rules), X)
+    assert dict(result.report.applied) == {"neg_neg": 1, "cos_sin": 1}
+    assert_fixpoint(gm, rules)
