@@ -171,3 +171,19 @@ def test_a_multi_output_match_anchored_at_another_user_of_the_busy_value_is_foun
     result = assert_rewrite_sound(_sibling_output, rewrite(gm, rules), X)
     assert dict(result.report.applied) == {"neg_neg": 1, "cos_sin": 1}
     assert_fixpoint(gm, rules)
+
+
+@pytest.mark.xfail(strict=True, reason="known hole: a disconnected multi-output pattern's anchor, visited before, is "
+                   "not queued when a rewrite elsewhere creates its other output")
+def test_a_disconnected_multi_output_match_made_by_a_rewrite_elsewhere_is_found():
+    """``(cos(w), sin(x))`` shares no value between its outputs: it is anchored at the ``sin``
+    (the last output), found through the op index. ``tanh(b) => cos(b)`` (a stand-in, unsound)
+    creates the ``cos`` after the ``sin`` was visited; nothing queues the ``sin`` again."""
+    disconnected = Rule.from_functions(lambda x, w: (torch.cos(w), torch.sin(x)),
+                                       lambda x, w: (torch.cosh(w), torch.sinh(x)), name="disconnected")
+    tanh_cos = Rule.from_functions(lambda b: torch.tanh(b), lambda b: torch.cos(b), name="tanh_cos")
+    gm = fx.symbolic_trace(lambda a, b: torch.sin(a) + torch.tanh(b))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        first = rewrite(gm, RuleSet([disconnected, tanh_cos]))
+        assert rewrite(first.module, RuleSet([disconnected, tanh_cos])).report.rewrites == 0
