@@ -155,17 +155,22 @@ def test_relations_by_rank_are_the_relations_split_by_the_rank_that_accepts_them
             assert all(rank - drop >= 2 for drop in relation.values())
 
 
+def _accepted_draws(monkeypatch, flag: str, on: bool, rule):  # type: ignore[no-untyped-def]
+    """The draw counts of a search with ``_plan.<flag>`` set to ``on``; every input it draws is
+    one the rule's pattern and guards accept."""
+    monkeypatch.setattr(_plan, flag, on)
+    _plan.reset_draw_counts(rule)
+    plan = plan_inputs(rule)
+    for inputs in _drawn(plan.strategy()):
+        assert _plan.accepts(plan, inputs)
+    return _plan.draw_counts(rule)
+
+
 @pytest.mark.slow  # two searches of 40 inputs
 def test_relations_by_rank_and_of_every_rank_keep_the_same_inputs_and_refuse_fewer(monkeypatch):
     rule = _matrix_rule()
-    refused = {}
-    for by_rank in (True, False):
-        monkeypatch.setattr(_plan, "RELATIONS_BY_RANK", by_rank)
-        _plan.reset_draw_counts(rule)
-        plan = plan_inputs(rule)
-        for inputs in _drawn(plan.strategy()):
-            assert _plan.accepts(plan, inputs)
-        refused[by_rank] = _plan.draw_counts(rule).layouts_refused
+    refused = {by_rank: _accepted_draws(monkeypatch, "RELATIONS_BY_RANK", by_rank, rule).layouts_refused
+               for by_rank in (True, False)}
     assert refused[True] < refused[False], refused
 
 
@@ -256,12 +261,7 @@ def test_a_pattern_that_refuses_most_layouts_draws_them_first(monkeypatch):
 def test_layouts_first_when_refused_keeps_the_inputs_accepted_and_draws_fewer(monkeypatch):
     drawn_per_kept = {}
     for first in (True, False):
-        monkeypatch.setattr(_plan, "LAYOUTS_FIRST_WHEN_REFUSED", first)
-        _plan.reset_draw_counts(MATMUL)
-        plan = plan_inputs(MATMUL)
-        for inputs in _drawn(plan.strategy()):
-            assert _plan.accepts(plan, inputs)
-        counts = _plan.draw_counts(MATMUL)
+        counts = _accepted_draws(monkeypatch, "LAYOUTS_FIRST_WHEN_REFUSED", first, MATMUL)
         drawn_per_kept[first] = counts.drawn / counts.kept
     assert drawn_per_kept[True] < drawn_per_kept[False], drawn_per_kept
 
