@@ -524,14 +524,9 @@ def _reached(change: Change, reach: int, largest: int, mark: Any = None, rewired
     reached = created
     for step in range(reach):
         next_frontier = []
-        if step == 0:  # the rewired nodes: one user away from the value they now read
-            for user in rewired:
-                if user not in seen:
-                    seen.add(user)
-                    if mark is None or node_position(user) <= mark:
-                        next_frontier.append(user)
-        for n in frontier:
-            for user in n.users:
+        # the rewired nodes first, at the first step: one user away from the value they now read
+        for users in itertools.chain((rewired,) if step == 0 else (), (n.users for n in frontier)):
+            for user in users:
                 if user not in seen:
                     seen.add(user)
                     if mark is None or node_position(user) <= mark:
