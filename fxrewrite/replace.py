@@ -597,24 +597,23 @@ class Splicer:
                                f"was left as it was before this rewrite; {_fix_for(exc, annotated)}") from exc
         if key is not None and (known is None or not known[1]):
             self._learn(key, known, match, tracer, new_outputs)
-        _rewire(match, new_outputs)
-        _erase(self.gm.graph, match)
-        self.sites.spliced(tracer.created, match.nodes)
-        if self._listeners:
-            self._notify(match, tracer.created, new_outputs)
-        return tracer.created
+        return self._finish(match, tracer.created, new_outputs)
 
     def _delete(self, match: Match, template: _Template) -> list[Node]:
         """Splice a confirmed template that creates no node (a deletion: ``neg(neg(x)) => x``): the
         match's outputs are rewired to values it read, as the replay and the rest of :meth:`splice`
         would do, without the tracer, the insertion point or the replay (:data:`FAST_DELETION`)."""
-        new_outputs = template.outputs_of(match)
+        return self._finish(match, [], template.outputs_of(match))
+
+    def _finish(self, match: Match, created: list[Node], new_outputs: list[Node]) -> list[Node]:
+        """The end of every splice: the match's outputs rewired to ``new_outputs``, its nodes
+        erased, the call sites counted and the listeners told; ``created`` is returned."""
         _rewire(match, new_outputs)
         _erase(self.gm.graph, match)
-        self.sites.spliced([], match.nodes)
+        self.sites.spliced(created, match.nodes)
         if self._listeners:
-            self._notify(match, [], new_outputs)
-        return []
+            self._notify(match, created, new_outputs)
+        return created
 
     def _call(self, match: Match, rule: Rule, guard: CapturedModules | None) -> list[Node]:
         """Call the replacement on Proxies, recording its module calls and guarding the modules the
