@@ -58,7 +58,7 @@ import itertools
 import logging
 import operator
 import time
-from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -270,13 +270,16 @@ class _Candidates:
 
     def at(self, node: Node, level: int) -> Iterable[Rule]:
         """The rules of ``level`` that may match with ``node`` as their anchor, in the order to try them."""
-        rules = self.by_level[level]
+        rules, indexed = self.by_level[level], self.indexed_keys[level]
         keys = node_keys(node)
-        if self.indexed_keys[level] and any(key in self.indexed_keys[level] for key in keys):
+        if len(keys) == 1:
+            if keys[0] in indexed:
+                self.asked = self.index[level]
+                return self.asked.candidates(node)
+            return rules.get(keys[0], ())
+        if any(key in indexed for key in keys):
             self.asked = self.index[level]
             return self.asked.candidates(node)
-        if len(keys) == 1:
-            return rules.get(keys[0], ())
         return [r for key in keys for r in rules.get(key, ())]
 
     def left_out(self) -> dict[str, int]:
@@ -414,8 +417,10 @@ class Driver:
         if self.rewrites >= self.budget:
             raise _did_not_converge(self.ruleset, self.recent, self.budget)
         self._last = (rule, match.anchor.name)
+        outputs = match.outputs
+        users = (tuple(outputs[0].users),) if len(outputs) == 1 else tuple([tuple(out.users) for out in outputs])
+        self._applying = (rule, match, users)
         started = time.perf_counter()
-        self._applying = (rule, match, tuple(tuple(out.users) for out in match.outputs))
         try:
             created = self.splicer.splice(match, rule)
         finally:
@@ -436,10 +441,10 @@ class Driver:
         rewired: list[Node] = []
         if self._applying is not None:
             rule, match, users = self._applying
-            new_anchor = dict(change.replaced)[match.anchor]
+            new_anchor = _standing_for(change, match.anchor)
             if self._reproduces(rule, match, new_anchor):
                 self.settled.setdefault(rule.name, set()).add(new_anchor)
-            rewired = _rewired(change, dict(zip(match.outputs, users)), self.largest, self.multi_output)
+            rewired = _rewired(change, users, self.largest, self.multi_output)
         self._requeue(change, rewired)
 
     def _reproduces(self, rule: Rule, match: Match, new_anchor: Node) -> bool:
@@ -460,7 +465,8 @@ class Driver:
         a deletion moved to a value with many users), in one go: the worklist keeps graph order
         whatever the push order. A replacement writing in place (into a tensor of its own) ends
         the pruning (:data:`PRUNED_REQUEUE`): that node's key may change."""
-        self.pruned = self.pruned and not any(mutation(n) is not None for n in change.created)
+        if self.pruned and change.created:
+            self.pruned = not any(mutation(n) is not None for n in change.created)
         mark = self.worklist.mark if self.pruned else None
         self.worklist.push_all(_reached(change, self.reach, self.largest, mark, rewired))
 
@@ -495,17 +501,27 @@ def _lint_after(graph: fx.Graph, rule: Rule) -> None:
         ) from exc
 
 
-def _rewired(change: Change, users: Mapping[Node, tuple[Node, ...]], largest: int,
-             multi_output: bool = False) -> list[Node]:
-    """The nodes that read a matched output (``users``: each output's users before the splice)
-    and now read the value standing for it, where :func:`_reached` does not walk from that value:
-    a value the match read (a deletion's result) with more than ``largest`` users. With
-    ``multi_output`` patterns, all of that value's users: a match of ``(sin(x), cos(x))`` anchored
-    at a ``sin`` reading it may now find its ``cos`` among the nodes moved there."""
-    rewired = []
+def _standing_for(change: Change, output: Node) -> Node:
+    """The node that stands for the matched ``output`` after ``change`` (a pattern has few outputs:
+    a scan, no dict built per rewrite)."""
     for old, new in change.replaced:
+        if old is output:
+            return new
+    raise KeyError(output)
+
+
+def _rewired(change: Change, users: Sequence[tuple[Node, ...]], largest: int,
+             multi_output: bool = False) -> list[Node]:
+    """The nodes that read a matched output (``users``: each output's users before the splice, in
+    the order of ``change.replaced``, the pattern's) and now read the value standing for it, where
+    :func:`_reached` does not walk from that value: a value the match read (a deletion's result)
+    with more than ``largest`` users. With ``multi_output`` patterns, all of that value's users: a
+    match of ``(sin(x), cos(x))`` anchored at a ``sin`` reading it may now find its ``cos`` among
+    the nodes moved there."""
+    rewired = []
+    for (old, new), moved in zip(change.replaced, users):
         if new is not old and not is_erased(new) and len(new.users) > largest:
-            rewired += list(new.users) if multi_output else [u for u in users.get(old, ()) if not is_erased(u)]
+            rewired += list(new.users) if multi_output else [u for u in moved if not is_erased(u)]
     return rewired
 
 
@@ -518,23 +534,25 @@ def _reached(change: Change, reach: int, largest: int, mark: Any = None, rewired
     that reads another input is reached as its user (that input may now be an inner node of a
     match anchored at it).
     Given the worklist's ``mark``, none beyond it: those and what follows them wait already."""
-    created = [n for n in change.created if not is_erased(n)]
-    frontier = created + [n for n in change.inputs if not is_erased(n) and len(n.users) <= largest]
+    created = [n for n in change.created if not is_erased(n)] if change.created else []
+    # per node of the frontier, its users; the rewired nodes first, one user away from the value they now read
+    frontier: list[Iterable[Node]] = [rewired] if rewired else []
+    frontier += [n.users for n in created]
+    frontier += [n.users for n in change.inputs if not is_erased(n) and len(n.users) <= largest]
     seen = set(created)  # not the inputs: one that reads another input is reached as its user
     reached = created
-    for step in range(reach):
-        next_frontier = []
-        # the rewired nodes first, at the first step: one user away from the value they now read
-        for users in itertools.chain((rewired,) if step == 0 else (), (n.users for n in frontier)):
+    for _ in range(reach):
+        found = []
+        for users in frontier:
             for user in users:
                 if user not in seen:
                     seen.add(user)
                     if mark is None or node_position(user) <= mark:
-                        next_frontier.append(user)
-        if not next_frontier:
+                        found.append(user)
+        if not found:
             break
-        reached += next_frontier
-        frontier = next_frontier
+        reached += found
+        frontier = [n.users for n in found]
     return reached
 
 

@@ -708,21 +708,22 @@ def _template_key(rule: Rule, match: Match, aten: bool, annotate: bool,
     literals = tuple([(name, type(bindings[name]), repr(bindings[name])) for name in literal_names]) \
         if literal_names else ()
     # which variables bound the same value: a template records one of them for both, so it is only
-    # replayed for matches that share values the same way (x * x recorded is not x * y)
-    nodes = [v for v in bindings.values() if isinstance(v, Node)]
+    # replayed for matches that share values the same way (x * x recorded is not x * y); one binding shares nothing
     sharing: tuple[tuple[str, ...], ...] = ()
-    if len(set(nodes)) < len(nodes):
-        shared: dict[Node, list[str]] = {}
-        for name, value in bindings.items():
-            if isinstance(value, Node):
-                shared.setdefault(value, []).append(name)
-        sharing = tuple(sorted(tuple(names) for names in shared.values() if len(names) > 1))
-    try:
-        key = (rule.name, id(rule.replacement), aten, annotate, literals, sharing)
-        hash(key)
-    except TypeError:
-        return None
-    return key
+    if len(bindings) > 1:
+        nodes = [v for v in bindings.values() if isinstance(v, Node)]
+        if len(set(nodes)) < len(nodes):
+            shared: dict[Node, list[str]] = {}
+            for name, value in bindings.items():
+                if isinstance(value, Node):
+                    shared.setdefault(value, []).append(name)
+            sharing = tuple(sorted(tuple(names) for names in shared.values() if len(names) > 1))
+    if literals:
+        try:
+            hash(literals)  # a type whose metaclass makes it unhashable: never replayed
+        except TypeError:
+            return None
+    return (rule.name, id(rule.replacement), aten, annotate, literals, sharing)  # the rest: strs, ints, bools
 
 
 def _literal_captures(rule: Rule) -> tuple[str, ...] | None:

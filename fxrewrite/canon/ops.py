@@ -347,7 +347,11 @@ def is_aten_graph(nodes: Iterable[Node]) -> bool:
     >>> is_aten_graph([g.call_function(torch.ops.aten.relu.default, (x,))])
     True
     """
-    return any(isinstance(n.target, torch._ops.OpOverload) for n in nodes)
+    overload = torch._ops.OpOverload
+    for n in nodes:  # noqa: SIM110 - a loop, not any() over a generator: asked at every splice
+        if isinstance(n.target, overload):
+            return True
+    return False
 
 
 def is_check(node: Node) -> bool:
