@@ -45,8 +45,11 @@ def call_rule_function(fn: Callable[..., Any], inputs: Mapping[str, Any], *,
 #: The harness computes the pattern's values with one generated function that returns every
 #: node's value (:func:`_all_values_module`), ~20 us on an attention pattern where fx's
 #: interpreter (:func:`~fxrewrite.meta.record_values`) took ~110 us, in every guard check and
-#: stand-in try (8% of the checker's time). False is the slow twin, the interpreter; patterns
-#: with module captures always take it.
+#: stand-in try (8% of the checker's time). Patterns with module captures take it too (each
+#: drawn module is set on the generated module under its capture's name): the interpreter costs
+#: them as much, and the first exception it sees makes torch import ``torch._dynamo`` (~1 s of
+#: CPU in each worker of ``fxrewrite check -j N``) to log a structured trace of the error.
+#: False is the slow twin, the interpreter.
 FAST_GUARD_VALUES = True
 
 #: fxrewrite.meta's key for a node's value.
@@ -71,13 +74,16 @@ class GuardHarness:
             root.add_module(name, nn.Identity())
         self.gm = fx.GraphModule(root, graph)
         self.placeholders = tuple(str(n.target) for n in pattern.placeholders.values())
-        self.values = None if self.module_names else _all_values_module(self.gm)
+        self.values = _all_values_module(self.gm)
 
     def match(self, inputs: Mapping[str, Any]) -> Match:
         """Run the pattern graph on copies of ``inputs`` (raising what it raises) and return
         the match the guards would see."""
         for name in self.module_names:
-            setattr(self.gm, name, fresh_copy(inputs[name]))
+            module = fresh_copy(inputs[name])
+            setattr(self.gm, name, module)
+            if self.values is not None:
+                setattr(self.values, name, module)
         args = [fresh_copy(inputs[name]) for name in self.placeholders]
         with torch.no_grad():
             if FAST_GUARD_VALUES and self.values is not None:

@@ -290,10 +290,11 @@ def _same_values(a: list, b: list) -> bool:  # type: ignore[type-arg]
     return True
 
 
-def _guarded_rules(names: tuple[str, ...] | None = None) -> list[Rule]:
+def _guarded_rules(names: tuple[str, ...] | None = None, *, modules: bool = False) -> list[Rule]:
+    """The library's guarded rules, with module captures (``modules``) or without."""
     from fxrewrite.loader import load_rules
 
-    rules = [r for r in load_rules() if r.where and not any(p.kind == "module" for p in r.compiled.params)]
+    rules = [r for r in load_rules() if r.where and any(p.kind == "module" for p in r.compiled.params) == modules]
     return [r for r in rules if names is None or r.name in names]
 
 
@@ -330,6 +331,33 @@ def test_fast_guard_values_are_the_interpreters(monkeypatch):
 def test_fast_guard_values_are_the_interpreters_on_the_library(monkeypatch):
     rules = _guarded_rules()
     assert _check_guard_values(rules, monkeypatch) == 6 * len(rules)
+
+
+@pytest.mark.slow  # the four rules of the library with module captures, 41 inputs drawn each
+def test_fast_guard_values_are_the_interpreters_with_module_captures(monkeypatch):
+    rules = _guarded_rules(modules=True)
+    assert len(rules) >= 4 and _check_guard_values(rules, monkeypatch) == 6 * len(rules)
+
+
+def _linear_then_relu(x, lin: torch.nn.Linear):  # type: ignore[no-untyped-def]
+    return torch.relu(lin(x))
+
+
+def test_the_fast_guard_values_of_a_pattern_with_a_module_capture():
+    rule = Rule.from_functions(_linear_then_relu, lambda x, lin: torch.relu(lin(x)), name="linear_relu",
+                               where=lambda m: m["x"].dim() == 2)
+    harness = _running.GuardHarness(rule)
+    lin = torch.nn.Linear(3, 2)
+    with torch.no_grad():
+        lin.weight.fill_(1.0)
+        lin.bias.fill_(-1.0)
+    for inputs, expected in (({"x": torch.ones(4, 3), "lin": lin}, 2.0), ({"x": torch.ones(4, 5), "lin": lin}, None)):
+        fast = _recorded(harness, inputs)
+        slow_harness = _running.GuardHarness(rule)
+        slow_harness.values = None  # the interpreter
+        assert _same_values(fast, _recorded(slow_harness, inputs))
+        assert (float(fast[2][0, 0]) == expected) if expected is not None else fast[0] == "RuntimeError"
+    assert harness.gm.lin is not lin and torch.equal(harness.gm.lin.weight, lin.weight)  # a copy, run as drawn
 
 
 def test_the_fast_guard_values_of_a_small_pattern():
