@@ -20,8 +20,9 @@ pytest nor hypothesis.
 from __future__ import annotations
 
 import difflib
+import inspect
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Literal
 
 import attrs
@@ -30,8 +31,8 @@ import torch
 from .errors import RuleDefinitionError
 from .verify import default_tolerance
 
-__all__ = ["DEFAULT_DTYPES", "DOMAIN_KEYS", "INPUT_KEYS", "TOLERANCE_KEYS", "Domain", "ShapeMode", "TensorDomain",
-           "Tolerance", "check_option"]
+__all__ = ["DEFAULT_DTYPES", "DOMAIN_KEYS", "INPUT_KEYS", "TOLERANCE_KEYS", "DependentFactory", "Domain", "ShapeMode",
+           "TensorDomain", "Tolerance", "check_option", "factory_needs"]
 
 #: Tensor dtypes drawn when a rule's domain does not say (add float16/bfloat16 in ``domain``).
 DEFAULT_DTYPES: tuple[torch.dtype, ...] = (
@@ -52,7 +53,8 @@ DOMAIN_KEYS: Mapping[str, str] = {
     "max_value": "largest finite value drawn (default: the dtype's largest)",
     "special_values": "also draw nan, inf and -inf (default True)",
     "literals": "{name: sequence of values or a strategy} for literal captures",
-    "modules": "{name: zero-argument factory or strategy} for module captures",
+    "modules": "{name: factory or strategy} for module captures; a factory's parameters without defaults "
+               "name other module captures and receive the modules drawn for them",
     "inputs": "{name: {dtypes, min_value, max_value, special_values, shape}} for one tensor argument",
 }
 
@@ -161,15 +163,102 @@ def _module_source(name: str, source: Any, where: str) -> Any:
     if not (callable(source) or _is_strategy(source)):
         raise RuleDefinitionError(
             f"{where}: domain['modules']['{name}'] must be a zero-argument factory "
-            f"(e.g. lambda: nn.Conv2d(3, 4, 3)) or a strategy of modules, got {source!r}.")
+            f"(e.g. lambda: nn.Conv2d(3, 4, 3)), a factory of the modules drawn for other captures "
+            f"(e.g. lambda conv: nn.BatchNorm2d(conv.out_channels)) or a strategy of modules, got {source!r}.")
     return source
+
+
+def factory_needs(source: Any) -> tuple[str, ...]:
+    """The module captures a ``domain['modules']`` factory names: its parameters without a
+    default (it receives the module drawn for each, by name). A strategy, or a factory whose
+    signature cannot be read, names none.
+
+    >>> factory_needs(lambda conv, eps=1e-5: None), factory_needs(lambda: None)
+    (('conv',), ())
+    """
+    if _is_strategy(source) or not callable(source):
+        return ()
+    if isinstance(source, DependentFactory):
+        return source.needs
+    try:
+        parameters = inspect.signature(source).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: called with no argument
+        return ()
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return tuple(p.name for p in parameters if p.kind in named and p.default is inspect.Parameter.empty)
+
+
+@attrs.frozen
+class DependentFactory:
+    """A ``domain['modules']`` factory that names other module captures (``lambda conv:
+    nn.BatchNorm2d(conv.out_channels)``): the checker draws those first and passes each, by
+    name, so that the modules fit together by construction instead of by luck (a conv and a
+    BatchNorm drawn apart matched in a third of the draws). Called without them (as code that
+    builds one module at a time does), it builds each from its own factory in ``declared`` first."""
+
+    make: Callable[..., Any]
+    needs: tuple[str, ...]
+    declared: Mapping[str, Any] = attrs.field(repr=False)
+
+    def __call__(self, **modules: Any) -> Any:
+        for name in self.needs:
+            if name not in modules:
+                source = self.declared.get(name)
+                if not callable(source) or _is_strategy(source):
+                    raise TypeError(f"the module factory needs the module drawn for '{name}', which has no "
+                                    f"factory of its own to build it from; pass it by name")
+                modules[name] = _dependent(source, self.declared)()
+        return self.make(**{name: modules[name] for name in self.needs})
+
+
+def _dependent(source: Any, declared: Mapping[str, Any]) -> Any:
+    needs = factory_needs(source)
+    return DependentFactory(source, needs, declared) if needs else source
+
+
+def _module_sources(modules: Mapping[str, Any], where: str) -> Mapping[str, Any]:
+    """The declared module sources, each factory that names other captures wrapped in a
+    :class:`DependentFactory`; a cycle of factories naming each other is an error."""
+    needs = {name: factory_needs(source) for name, source in modules.items()}
+    cycle = _cycle(needs)
+    if cycle:
+        shown = " -> ".join(f"'{n}'" for n in cycle)
+        what = (f"the factory of domain['modules']['{cycle[0]}'] names its own capture" if len(cycle) == 2 else
+                f"the factories of domain['modules'] name each other in a cycle ({shown})")
+        raise RuleDefinitionError(
+            f"{where}: {what}, so none of them can be drawn first; make one of them build its module without "
+            f"the others (a zero-argument factory).")
+    return {name: _dependent(source, modules) for name, source in modules.items()}
+
+
+def _cycle(needs: Mapping[str, tuple[str, ...]]) -> list[str]:
+    """A cycle of names each naming the next in ``needs`` (the first name repeated at the end), or []."""
+    done: set[str] = set()
+
+    def visit(path: list[str]) -> list[str]:
+        for name in needs.get(path[-1], ()):
+            if name in path:
+                return [*path[path.index(name):], name]
+            if name in needs and name not in done:
+                found = visit([*path, name])
+                if found:
+                    return found
+        done.add(path[-1])
+        return []
+
+    for name in needs:
+        found = visit([name]) if name not in done else []
+        if found:
+            return found
+    return []
 
 
 def _by_name(key: str, value: Any, where: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise RuleDefinitionError(f"{where}: domain['{key}'] must be a dict keyed by parameter name, got {value!r}.")
     check = {"inputs": _input_domain, "literals": _literal_values, "modules": _module_source}[key]
-    return {name: check(name, v, where) for name, v in value.items()}
+    checked = {name: check(name, v, where) for name, v in value.items()}
+    return _module_sources(checked, where) if key == "modules" else checked
 
 
 def check_option(key: str, value: Any, where: str) -> Any:
@@ -254,8 +343,9 @@ class Domain(Mapping[str, Any]):
 
     def check_names(self, kinds: Mapping[str, str], where: str) -> None:
         """A name in ``literals``, ``modules`` or ``inputs`` that is a parameter of the rule
-        (``kinds``: ``{name: "tensor" | "literal" | "module"}``) must be one of that kind. Other
-        names are ignored, so that one domain dict can serve several rules."""
+        (``kinds``: ``{name: "tensor" | "literal" | "module"}``) must be one of that kind, and the
+        factories of its module captures may name only module captures. Other names are ignored,
+        so that one domain dict can serve several rules."""
         for key, kind in (("literals", "literal"), ("modules", "module"), ("inputs", "tensor")):
             wrong = sorted(name for name in getattr(self, key) if kinds.get(name, kind) != kind)
             if wrong:
@@ -263,6 +353,24 @@ class Domain(Mapping[str, Any]):
                 raise RuleDefinitionError(
                     f"{where}: domain['{key}'] is for {kind} parameters, but {found}; move it to "
                     f"domain['{_KEY_OF_KIND[kinds[wrong[0]]]}'].")
+        self._check_factory_needs(kinds, where)
+
+    def _check_factory_needs(self, kinds: Mapping[str, str], where: str) -> None:
+        """The parameters of a module factory of this rule name module captures of the rule."""
+        captures = sorted(name for name, kind in kinds.items() if kind == "module")
+        for name, source in self.modules.items():
+            if kinds.get(name) != "module":
+                continue
+            for need in factory_needs(source):
+                if kinds.get(need) == "module":
+                    continue
+                what = (f"'{need}' is a {kinds[need]} parameter, drawn after the modules" if need in kinds
+                        else f"'{need}' is not a parameter of the rule")
+                raise RuleDefinitionError(
+                    f"{where}: the factory of domain['modules']['{name}'] takes '{need}', but a factory's "
+                    f"parameters without a default name the module captures whose drawn modules it receives, and "
+                    f"{what} (its module captures: {captures}); rename the parameter after one of them or give "
+                    f"it a default.")
 
     def tensor_domain(self, name: str) -> TensorDomain:
         """How tensor argument ``name`` is drawn: its own settings over the rule's."""

@@ -75,11 +75,14 @@ def _random_conv() -> _ConvNd:
     return conv.eval()
 
 
-def _random_batch_norm(cls: type[_BatchNorm] | None = None) -> _BatchNorm:
-    """A BatchNorm over 4 features with random statistics and affine parameters, in eval mode."""
+_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+
+
+def _random_batch_norm(cls: type[_BatchNorm] | None = None, features: int = 4) -> _BatchNorm:
+    """A BatchNorm over ``features`` with random statistics and affine parameters, in eval mode."""
     if cls is None:
-        cls = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)[int(torch.randint(3, ()))]
-    bn = cls(4, affine=bool(torch.randint(2, ())))
+        cls = _BATCH_NORMS[int(torch.randint(3, ()))]
+    bn = cls(features, affine=bool(torch.randint(2, ())))
     with torch.no_grad():
         bn.running_mean.uniform_(-1.0, 1.0)
         bn.running_var.uniform_(0.5, 2.0)
@@ -89,10 +92,16 @@ def _random_batch_norm(cls: type[_BatchNorm] | None = None) -> _BatchNorm:
     return bn.eval()
 
 
+def _batch_norm_after(conv: _ConvNd) -> _BatchNorm:
+    """A random BatchNorm that can follow ``conv``: of its dimensions, over its output channels
+    (drawn apart, the two fitted in a third of the draws, and the checker threw the rest away)."""
+    return _random_batch_norm(_BATCH_NORMS[len(conv.kernel_size) - 1], conv.out_channels)
+
+
 @fxrewrite.rule(where=(_bn_in_eval, _conv_foldable), tolerance=REASSOCIATED,
                 domain={"dtypes": (torch.float32,), "ranks": (2, 5), "sides": (1, 4), "special_values": False,
                         "min_value": -10.0, "max_value": 10.0,
-                        "modules": {"conv": _random_conv, "bn": _random_batch_norm}})
+                        "modules": {"conv": _random_conv, "bn": _batch_norm_after}})
 def conv_bn_fold(x, conv: _ConvNd, bn: _BatchNorm):
     "Replaces bn(conv(x)) by one convolution with folded weights (BatchNorm in eval mode)."
     return bn(conv(x))
@@ -127,7 +136,7 @@ def _fold_linear_bn(lin: nn.Linear, bn: _BatchNorm) -> nn.Linear:
                 domain={"dtypes": (torch.float32,), "ranks": (2, 2), "special_values": False,
                         "min_value": -10.0, "max_value": 10.0,
                         "modules": {"lin": lambda: nn.Linear(3, 4, bias=bool(torch.randint(2, ()))).eval(),
-                                    "bn": lambda: _random_batch_norm(nn.BatchNorm1d)}})
+                                    "bn": lambda lin: _random_batch_norm(nn.BatchNorm1d, lin.out_features)}})
 def linear_bn_fold(x, lin: nn.Linear, bn: nn.BatchNorm1d):
     "Replaces bn(linear(x)) by one linear layer with folded weights (BatchNorm1d in eval mode, 2-d input)."
     return bn(lin(x))

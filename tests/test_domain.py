@@ -12,7 +12,7 @@ from torch import nn
 import fxrewrite
 from fxrewrite import Rule, RuleDefinitionError
 from fxrewrite.analysis import _probe_dtypes, _probe_inputs, _probe_ranks
-from fxrewrite.domain import DOMAIN_KEYS, Domain, Tolerance
+from fxrewrite.domain import DOMAIN_KEYS, DependentFactory, Domain, Tolerance, factory_needs
 
 
 def neg(x):
@@ -107,3 +107,48 @@ def test_a_module_factory_in_the_domain_is_checked_callable_not_called():
 
     r = Rule.from_functions(call, call, name="r", domain={"modules": {"m": factory}})
     assert r.domain.modules["m"] is factory and calls == []
+
+
+def conv_then_norm(x, conv: nn.Conv2d, bn: nn.BatchNorm2d):
+    return bn(conv(x))
+
+
+def test_a_module_factory_may_name_another_module_capture():
+    def norm_after(conv, eps=1e-3):  # a parameter with a default is not a capture's name
+        return nn.BatchNorm2d(conv.out_channels, eps=eps)
+
+    r = Rule.from_functions(conv_then_norm, conv_then_norm, name="r",
+                            domain={"modules": {"conv": lambda: nn.Conv2d(2, 5, 1), "bn": norm_after}})
+    factory = r.domain.modules["bn"]
+    assert isinstance(factory, DependentFactory) and factory.needs == ("conv",) and factory.make is norm_after
+    assert r.domain["modules"]["bn"] is norm_after  # the mapping is what was declared
+    assert factory(conv=nn.Conv2d(1, 3, 1)).num_features == 3  # the module drawn for 'conv', by name
+    assert factory().num_features == 5  # called alone, it builds 'conv' from its own factory first
+    assert factory_needs(norm_after) == ("conv",) and factory_needs(nn.ReLU) == ()
+
+
+@pytest.mark.parametrize("modules, message", [
+    ({"conv": lambda: nn.Conv2d(2, 4, 1), "bn": lambda cnv: nn.BatchNorm2d(4)},
+     r"rule 'r' .*: the factory of domain\['modules'\]\['bn'\] takes 'cnv', .*'cnv' is not a parameter of the rule "
+     r"\(its module captures: \['bn', 'conv'\]\); rename the parameter after one of them or give it a default"),
+    ({"conv": lambda: nn.Conv2d(2, 4, 1), "bn": lambda x: nn.BatchNorm2d(x.shape[1])},
+     r"takes 'x', .*'x' is a tensor parameter, drawn after the modules"),
+    ({"conv": lambda bn: nn.Conv2d(2, bn.num_features, 1), "bn": lambda conv: nn.BatchNorm2d(conv.out_channels)},
+     r"rule 'r' .*: the factories of domain\['modules'\] name each other in a cycle \('conv' -> 'bn' -> 'conv'\), "
+     r"so none of them can be drawn first; make one of them build its module without the others"),
+    ({"conv": lambda conv: conv, "bn": lambda: nn.BatchNorm2d(4)},
+     r"the factory of domain\['modules'\]\['conv'\] names its own capture"),
+])
+def test_a_module_factory_naming_what_it_cannot_receive_fails_at_definition(modules, message):
+    with pytest.raises(RuleDefinitionError, match=message):
+        Rule.from_functions(conv_then_norm, conv_then_norm, name="r", domain={"modules": modules})
+
+
+def conv_alone(x, conv: nn.Conv2d):
+    return conv(x)
+
+
+def test_a_factory_for_a_name_the_rule_does_not_capture_is_ignored_as_other_names_are():
+    shared = {"modules": {"conv": lambda: nn.Conv2d(2, 4, 1), "other": lambda elsewhere: elsewhere}}
+    r = Rule.from_functions(conv_alone, conv_alone, name="r", domain=shared)
+    assert isinstance(r.domain.modules["other"], DependentFactory)

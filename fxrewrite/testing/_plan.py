@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, reject, settings
 from hypothesis.strategies import SearchStrategy
 from torch import nn
 
+from ..domain import DependentFactory
 from ..errors import RuleDefinitionError
 from ..pattern import Param
 from ..rule import Rule
@@ -292,8 +293,8 @@ def _modules(draw: Any, plan: InputPlan) -> dict[str, nn.Module]:
     if not plan.modules:
         return {}
     width = draw(st.integers(*plan.domain.sides), label="module width")
-    out = {}
-    for param in plan.modules:
+    out: dict[str, nn.Module] = {}
+    for param in _module_order(plan):
         source = plan.domain.modules.get(param.name)
         if isinstance(source, SearchStrategy):
             module = draw(source)
@@ -304,13 +305,35 @@ def _modules(draw: Any, plan: InputPlan) -> dict[str, nn.Module]:
             attributes = draw(_module_attributes(param.annotation, width)) if source is None else {}
             make = source if source is not None else functools.partial(
                 default_module, param.annotation, width=width, kernel=kernel, bias=bias, attributes=attributes)
+            if isinstance(source, DependentFactory):  # the modules it names, drawn before it
+                make = functools.partial(source, **{name: out[name] for name in source.needs})
             module = _seeded(seed, make)
         if not isinstance(module, param.annotation):
             raise RuleDefinitionError(
                 f"{plan.where}: the module drawn for '{param.name}' is a {type(module).__name__}, "
                 f"not a {param.annotation.__name__}; fix domain['modules']['{param.name}'].")
         out[param.name] = module
-    return out
+    return {p.name: out[p.name] for p in plan.modules}
+
+
+def _module_order(plan: InputPlan) -> list[Param]:
+    """The module captures in the order they are drawn: the parameters' order, each factory that
+    names other captures (:class:`~fxrewrite.domain.DependentFactory`) after them (the domain
+    refuses cycles)."""
+    order: list[Param] = []
+    by_name = {p.name: p for p in plan.modules}
+
+    def add(param: Param) -> None:
+        if param in order:
+            return
+        source = plan.domain.modules.get(param.name)
+        for name in source.needs if isinstance(source, DependentFactory) else ():
+            add(by_name[name])
+        order.append(param)
+
+    for param in plan.modules:
+        add(param)
+    return order
 
 
 @_reused

@@ -11,7 +11,7 @@ from torch import nn
 
 from fxrewrite import Rule
 from fxrewrite.errors import RuleDefinitionError
-from fxrewrite.testing import DOMAIN_KEYS, Domain, elements, inputs_for, tensor_shapes, tensors
+from fxrewrite.testing import DOMAIN_KEYS, Domain, _plan, elements, inputs_for, tensor_shapes, tensors
 from fxrewrite.testing.strategies import (
     GuardRaised,
     default_module,
@@ -293,6 +293,42 @@ def test_module_factories_from_the_domain_are_used():
     drawn = draws(inputs_for(r), 30)
     assert drawn and all(d["lin"].in_features == 6 and d["x"].shape[-1] == 6 for d in drawn)
     assert len({float(d["lin"].weight.detach().sum()) for d in drawn}) > 1, "weights vary with the drawn seed"
+
+
+def _linear_of_any_width() -> nn.Linear:
+    return nn.Linear(2, 1 + int(torch.randint(4, ())))
+
+
+def _two_linears(x, first: nn.Linear, second: nn.Linear):
+    return second(first(x))
+
+
+@pytest.mark.parametrize("order", ["in parameter order", "second named first"])
+def test_a_module_factory_receives_the_module_drawn_for_the_capture_it_names(order):
+    factories = {"first": _linear_of_any_width, "second": lambda first: nn.Linear(first.out_features, 3)}
+    if order == "second named first":  # the factory of a capture named by an earlier one is drawn first
+        factories = {"first": lambda second: nn.Linear(2, second.in_features),
+                     "second": lambda: nn.Linear(1 + int(torch.randint(4, ())), 3)}
+    r = rule(_two_linears, domain={"dtypes": (torch.float32,), "modules": factories})
+    plan = plan_inputs(r)
+    drawn = draws(plan.strategy(), 30)
+    assert len(drawn) == 30
+    assert all(d["second"].in_features == d["first"].out_features for d in drawn)
+    assert len({d["first"].out_features for d in drawn}) > 1, "the widths vary with the drawn seed"
+    assert [p.name for p in _plan._module_order(plan)] == (
+        ["first", "second"] if order == "in parameter order" else ["second", "first"])
+
+
+def test_modules_drawn_apart_fit_together_less_often_than_modules_drawn_for_each_other():
+    def refused(factories) -> int:  # type: ignore[no-untyped-def]
+        """Drawn modules the pattern refused (each input draws its modules again, up to 8 times)."""
+        plan = plan_inputs(rule(_two_linears, domain={"dtypes": (torch.float32,), "modules": factories}))
+        draws(plan.strategy(), 20)
+        return plan.counts.layouts_refused + plan.counts.drawn - plan.counts.kept
+
+    apart = {"first": _linear_of_any_width, "second": lambda: nn.Linear(1 + int(torch.randint(4, ())), 3)}
+    fitted = {"first": _linear_of_any_width, "second": lambda first: nn.Linear(first.out_features, 3)}
+    assert refused(fitted) == 0 and refused(apart) >= 10
 
 
 class Block(nn.Module):
