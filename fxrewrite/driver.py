@@ -71,7 +71,7 @@ from .canon import alias_class, input_keys, is_aten_graph, mutation, node_keys, 
 from .dispatch import RuleIndex
 from .errors import DidNotConverge, Refuse, RewriteError
 from .index import OpIndex
-from .match import Match, anchor_module_class, match_at
+from .match import Match, anchor_module_class, matcher
 from .meta import copy_value
 from .replace import Change, Splicer, placement_refusal
 from .report import MAX_REASONS, Report, RuleStats
@@ -239,6 +239,37 @@ class _Tally:
             self.reasons.append(f"at '{node.name}': {reason}")
 
 
+class _Matchers(dict[str, Callable[[Node], Iterable[Match]]]):
+    """Per rule name, the rule's matches at a node (:func:`~fxrewrite.match.matcher`, made at the
+    rule's first try)."""
+
+    def __init__(self, ruleset: RuleSet, gm: fx.GraphModule, modules: Mapping[str, torch.nn.Module],
+                 candidates: Callable[[Any], Iterable[Node]]) -> None:
+        super().__init__()
+        self.ruleset, self.gm, self.modules, self.candidates = ruleset, gm, modules, candidates
+
+    def __missing__(self, name: str) -> Callable[[Node], Iterable[Match]]:
+        found = self[name] = matcher(self.ruleset[name].compiled, self.gm, modules=self.modules,
+                                     candidates=self.candidates)
+        return found
+
+
+class _Writers:
+    """:func:`~fxrewrite.canon.writers_of`, cached per node with its user count: a node that only
+    lost users keeps its answer (a rewrite never adds an in-place write: replacements writing
+    into inputs are refused, and matches whose outputs are written are never applied), so a
+    widely used input is scanned once, not once per rewrite."""
+
+    def __init__(self) -> None:
+        self._cache: dict[Node, tuple[int, tuple[Node, ...] | None]] = {}
+
+    def __call__(self, value: Node) -> tuple[Node, ...] | None:
+        cached = self._cache.get(value)
+        if cached is None or len(value.users) > cached[0]:
+            cached = self._cache[value] = (len(value.users), writers_of(value))
+        return cached[1]
+
+
 def _pays(index: RuleIndex, key: Hashable, count: int) -> bool:
     """Does asking ``index`` at nodes of ``key`` (with ``count`` rules) cost less than the plain list?
     When the key has ``_INDEXED_FROM`` rules or more, or the index tells some of them apart by a
@@ -317,8 +348,9 @@ class Driver:
         #: writing into their inputs are refused.) Without writes, no match needs the alias walk.
         self.graph_writes = any(mutation(n) is not None for n in self.graph.nodes)
         self.pruned = PRUNED_REQUEUE and not self.graph_writes and not _may_rekey(r.anchor_key for r in ruleset)
-        self._writers_cache: dict[Node, tuple[int, tuple[Node, ...] | None]] = {}
+        self._writers = _Writers()
         self.index = OpIndex(self.graph)  # one pass; kept current by the splicer's change events
+        self._matchers = _Matchers(ruleset, gm, self.modules, self.index.nodes)
         self.worklist = Worklist(self.by_level)
         for p, rules in self.by_level.items():
             self.worklist.fill(p, (n for key in rules for n in self.index.nodes(key)))
@@ -356,7 +388,7 @@ class Driver:
     def _try(self, node: Node, rules: Iterable[Rule]) -> Rule | None:
         """Try ``rules`` at ``node`` in order; the rule applied, or ``None``."""
         keys = None
-        settled, tallies, modules, candidates = self.settled, self.tallies, self.modules, self.index.nodes
+        settled, tallies, matchers = self.settled, self.tallies, self._matchers
         for rule in rules:
             if settled and node in settled.get(rule.name, ()):
                 continue  # the rule produced this node from its own pattern: trying again would loop
@@ -371,7 +403,7 @@ class Driver:
             if self.anchor_classes and self._wrong_module(rule, node):
                 continue
             refusal = None
-            for match in match_at(pattern, node, self.gm, modules=modules, candidates=candidates):
+            for match in matchers[rule.name](node):
                 refusal = self._refusal(rule, match)
                 if refusal is None:
                     try:
@@ -401,16 +433,6 @@ class Driver:
     def _rules_at(self, node: Node, level: int) -> Iterable[Rule]:
         """The rules of ``level`` to try at ``node`` (see :class:`_Candidates`)."""
         return self.rules.at(node, level)
-
-    def _writers(self, value: Node) -> tuple[Node, ...] | None:
-        """:func:`~fxrewrite.canon.writers_of`, cached per node with its user count: a node that only
-        lost users keeps its answer (a rewrite never adds an in-place write: replacements writing
-        into inputs are refused, and matches whose outputs are written are never applied), so a
-        widely used input is scanned once, not once per rewrite."""
-        cached = self._writers_cache.get(value)
-        if cached is None or len(value.users) > cached[0]:
-            cached = self._writers_cache[value] = (len(value.users), writers_of(value))
-        return cached[1]
 
     def _apply(self, rule: Rule, match: Match, tally: _Tally) -> None:
         """Splice ``rule``'s replacement in at ``match``; the change event refills the worklist."""
@@ -456,9 +478,7 @@ class Driver:
             return False
         if self.anchor_classes and self._wrong_module(rule, new_anchor):
             return False
-        return any(_same_bindings(again.bindings, match.bindings)
-                   for again in match_at(rule.compiled, new_anchor, self.gm, modules=self.modules,
-                                         candidates=self.index.nodes))
+        return any(_same_bindings(again.bindings, match.bindings) for again in self._matchers[rule.name](new_anchor))
 
     def _requeue(self, change: Change, rewired: Iterable[Node] = ()) -> None:
         """Queue what ``change`` may have made matchable (:func:`_reached`; ``rewired``: the users

@@ -57,7 +57,7 @@ from .errors import MetadataError
 from .meta import has_value, tensor_value, value_of
 from .pattern import Param, Pattern
 
-__all__ = ["Match", "MatchOptions", "Rejection", "TensorView", "match_at", "module_refusal", "node_position"]
+__all__ = ["Match", "MatchOptions", "Rejection", "TensorView", "match_at", "matcher", "module_refusal", "node_position"]
 
 _MISSING = object()
 
@@ -931,10 +931,45 @@ def match_at(pattern: Pattern, anchor: Node, owner: torch.nn.Module | None, *,
     """
     if modules is None:
         modules = dict(owner.named_modules()) if owner is not None and pattern.module_captures else {}
+    return _matches(pattern, anchor, modules, options, candidates, on_reject, trees=FAST_TREES)
+
+
+def matcher(pattern: Pattern, owner: torch.nn.Module | None, *, modules: Mapping[str, torch.nn.Module],
+            candidates: Callable[[Any], Iterable[Node]] | None = None) -> Callable[[Node], Iterable[Match]]:
+    """``match_at(pattern, anchor, owner, modules=modules, candidates=candidates)`` as a function of
+    ``anchor``, with the same matches, for a caller that tries one pattern at many anchors (the
+    driver keeps one per rule): a tree pattern's closures (:data:`FAST_TREES`, read here) are
+    called directly, without a generator per try or a look-up of the pattern's compiled form;
+    where they hand over, the compiled walk goes on without trying them again.
+
+    >>> from fxrewrite.pattern import trace_pattern
+    >>> gm = torch.fx.symbolic_trace(lambda a: torch.neg(torch.neg(a)))
+    >>> pattern = trace_pattern(lambda x: torch.neg(torch.neg(x)), rule_name="neg_neg", origin="<doc>")
+    >>> outer = list(gm.graph.nodes)[2]
+    >>> [m.bindings for m in matcher(pattern, gm, modules={})(outer)]
+    [{'x': a}]
+    """
+    tree = _program(pattern).tree if pattern.choice_free and COMPILED and FAST_TREES else None
+    if tree is None:
+        return lambda anchor: match_at(pattern, anchor, owner, modules=modules, candidates=candidates)
+
+    def at(anchor: Node) -> Iterable[Match]:
+        found = tree(anchor)
+        if found is _FALLBACK:
+            return _matches(pattern, anchor, modules, _DEFAULTS, candidates, None, trees=False)
+        return () if found is None else (found,)
+    return at
+
+
+def _matches(pattern: Pattern, anchor: Node, modules: Mapping[str, torch.nn.Module], options: MatchOptions,
+             candidates: Callable[[Any], Iterable[Node]] | None, on_reject: Callable[[Rejection], None] | None, *,
+             trees: bool) -> Iterator[Match]:
+    """:func:`match_at`'s search; ``trees``: try a tree pattern's closures first (:func:`matcher`
+    tried them already when it hands over)."""
     if pattern.choice_free and on_reject is None:
         if COMPILED and (options is _DEFAULTS or options == _DEFAULTS):
             program = _program(pattern)
-            if FAST_TREES and program.tree is not None:
+            if trees and program.tree is not None:
                 found = program.tree(anchor)
                 if found is not _FALLBACK:
                     if found is not None:

@@ -260,15 +260,15 @@ def test_a_rule_anchored_at_a_module_capture_skips_modules_of_another_class_with
 
     rules = RuleSet([standard_rules()["conv_bn_fold"]])
     assert anchor_module_class(rules["conv_bn_fold"].compiled) is torch.nn.modules.batchnorm._BatchNorm
-    real = driver.match_at
+    real = driver.matcher
     for fast in (True, False):
         searched: list[str] = []
 
-        def spy(pattern, node, *args, searched=searched, **kwargs):
-            searched.append(node.target)
-            return real(pattern, node, *args, **kwargs)
+        def spy(pattern, *args, searched=searched, **kwargs):
+            matches = real(pattern, *args, **kwargs)
+            return lambda node: searched.append(node.target) or matches(node)
 
-        monkeypatch.setattr(driver, "match_at", spy)
+        monkeypatch.setattr(driver, "matcher", spy)
         monkeypatch.setattr(driver, "FAST_MODULE_ANCHOR", fast)
         probe = Driver(fx.symbolic_trace(ConvConvBn().eval()), rules, budget=10, debug=True)
         probe.run()

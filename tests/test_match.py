@@ -237,7 +237,7 @@ def _tree_rules():
     return [*standard_rules(), *extra]
 
 
-def _every_tree_match(gm: fx.GraphModule, rules, *, trees: bool) -> list[tuple]:
+def _every_tree_match(gm: fx.GraphModule, rules, *, trees: bool, via_matcher: bool = False) -> list[tuple]:
     import fxrewrite.match as match
     from fxrewrite.canon import node_keys
     from fxrewrite.index import OpIndex
@@ -245,9 +245,12 @@ def _every_tree_match(gm: fx.GraphModule, rules, *, trees: bool) -> list[tuple]:
     saved, match.FAST_TREES = match.FAST_TREES, trees
     try:
         index, modules, found = OpIndex(gm.graph), dict(gm.named_modules()), []
+        matchers = {id(r): match.matcher(r.compiled, gm, modules=modules, candidates=index.nodes) for r in rules}
         for node in gm.graph.nodes:
             for rule in (r for r in rules if r.anchor_key in node_keys(node)):
-                for m in match_at(rule.compiled, node, gm, modules=modules, candidates=index.nodes):
+                matches = (matchers[id(rule)](node) if via_matcher else
+                           match_at(rule.compiled, node, gm, modules=modules, candidates=index.nodes))
+                for m in matches:
                     found.append((rule.name, node.name, sorted((k, str(v)) for k, v in m.bindings.items()),
                                   [n.name for n in m.nodes], [n.name for n in m.outputs],
                                   [(p.name, str(g)) for p, g in m.node_map.items()]))
@@ -295,3 +298,32 @@ def test_tree_patterns_matched_by_closures_are_the_matches_of_the_compiled_walk(
     assert fast == _every_tree_match(gm, rules, trees=False)
     assert len(fast) >= 5 and decided["closures"] >= 20 and decided["handed over"] >= 3, (len(fast), decided)
     assert {"neg_neg", "relu_abs_sin", "sub_neg", "clamp_neg"} <= {m[0] for m in fast}
+
+
+def test_a_matcher_kept_per_pattern_finds_the_matches_of_match_at(monkeypatch):
+    """``match.matcher`` (what the driver keeps per rule: the closures called directly, the compiled
+    walk where they hand over, match_at for the other patterns) finds what ``match_at`` finds, with
+    the closures and without them (its flags read when it is made), on the program above, where
+    the closures decide and where they hand over, with the library's rules (module captures, choices)."""
+    import fxrewrite.match as match
+
+    def program(x, y):
+        a = torch.neg(torch.neg(x)) + torch.relu(torch.abs(torch.sin(y)))
+        b = torch.neg(torch.nn.functional.dropout(torch.neg(a), p=0.0, training=False))
+        shared = torch.neg(b)
+        d = torch.neg(shared) * torch.sin(shared)
+        e = torch.sub(torch.neg(d), x, alpha=1) + torch.sub(torch.neg(d), y)
+        return torch.clamp(torch.neg(e), -1.0, 1.0) + torch.relu(torch.abs(torch.sin(e[:, None].squeeze(1))))
+
+    rules = _tree_rules()
+    gm = fx.symbolic_trace(program)
+    handed = []
+    real = match._matches
+    monkeypatch.setattr(match, "_matches", lambda *a, **k: handed.append(k["trees"]) or real(*a, **k))
+    for trees in (True, False):
+        handed.clear()
+        found = _every_tree_match(gm, rules, trees=trees, via_matcher=True)
+        assert found == _every_tree_match(gm, rules, trees=trees)
+        assert len(found) >= 4 and {"neg_neg", "relu_abs_sin", "sub_neg", "clamp_neg"} <= {m[0] for m in found}
+        if trees:  # the matcher handed over without trying the closures again, and match_at tried them
+            assert handed.count(False) >= 3 and handed.count(True) >= 3, handed
