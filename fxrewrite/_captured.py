@@ -1,23 +1,49 @@
 """The modules a match captured stay as they were while its replacement runs.
 
 A module capture hands the replacement the program's own module (and unless ``rewrite`` works
-on a copy, the caller's): :class:`CapturedModules` refuses an in-place write into one of its
-tensors before it happens, and after the replacement finds (:meth:`~CapturedModules.check`)
-and puts back (:meth:`~CapturedModules.undo`) any other change. The splicer
-(:mod:`fxrewrite.replace`) turns :class:`ModuleWrite` into a ``ModuleWriteError`` naming the rule.
+on a copy, the caller's). The guard :func:`captured_modules` builds for a match snapshots those
+modules before the replacement runs; afterwards :meth:`~CapturedModules.check` finds any change
+the replacement made and :meth:`~CapturedModules.undo` puts everything back, bit for bit and
+version counters included. Two ways to guard, picked per match:
+
+* :class:`SnapshotModules` (captures whose tensors hold at most :data:`SNAPSHOT_BUDGET` bytes,
+  the usual conv, linear and norm layers): copies the tensors' bytes; ``check`` compares them.
+  Nothing intercepts the ops the replacement runs (a dispatch mode costs a conv-bn fold ~100 µs:
+  Python dispatch of each of its ~17 ops); a write happens and is found and undone afterwards.
+* :class:`InterceptedModules` (larger captures, tensors it cannot copy as bytes, and
+  :data:`SNAPSHOT` off: its slow twin): a ``TorchDispatchMode`` refusing an in-place write into
+  a captured storage before it writes, with the op's name; no copy of a large model's weights.
+
+The splicer (:mod:`fxrewrite.replace`) turns :class:`ModuleWrite` into a ``ModuleWriteError``
+naming the rule.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["CapturedModules", "DynamoWrappedModules", "ModuleWrite", "captured_modules", "written_positions"]
+__all__ = ["SNAPSHOT", "SNAPSHOT_BUDGET", "CapturedModules", "DynamoWrappedModules", "InterceptedModules",
+           "ModuleWrite", "SnapshotModules", "captured_modules", "written_positions"]
+
+#: Guard captures whose tensors hold at most :data:`SNAPSHOT_BUDGET` bytes with
+#: :class:`SnapshotModules`; ``False``: every capture with :class:`InterceptedModules`, the slow
+#: twin (``tests/test_captured.py`` checks both refuse the same writes and undo them alike).
+SNAPSHOT = True
+#: The bytes a capture's parameters and buffers may hold, all together, to be snapshot (copied
+#: twice per replacement: on entry and by ``check``) rather than intercepted.
+SNAPSHOT_BUDGET = 1 << 20
+
+#: Sets tensors' version counters (the ones a write moved are put back); ``None`` in a torch without it.
+_SET_VERSION = getattr(torch._C._autograd, "_unsafe_set_version_counter", None)
 
 _UNKNOWN = object()
 _SWAPPED = "its .data was replaced"
+_BUMPED = "written in place (its version counter changed)"
+_VALUES = "its values changed (written through an alias with a version counter of its own: .data, a storage, numpy)"
 
 
 class ModuleWrite(Exception):
@@ -29,28 +55,64 @@ class ModuleWrite(Exception):
 
 
 class _TensorState:
-    """A captured parameter or buffer as it was: its version counter, and an alias of its data
-    (no copy) that puts back a swapped ``.data``, with the address of its first element, its
-    shape, strides and dtype."""
+    """A captured parameter or buffer as it was: its version counter, an alias of its data (no
+    copy) that puts back a swapped ``.data``, the address of its first element, its shape,
+    strides and dtype, and once :meth:`copy` ran, a copy of its bytes."""
 
-    __slots__ = ("address", "data", "dtype", "label", "shape", "stride", "tensor", "version")
+    __slots__ = ("address", "array", "bits", "data", "dtype", "label", "shape", "stride", "tensor", "version")
 
     def __init__(self, label: str, tensor: torch.Tensor) -> None:
         self.label, self.tensor, self.version = label, tensor, tensor._version
         self.data = tensor.data
         self.address = _address(tensor)
         self.shape, self.stride, self.dtype = tensor.shape, tensor.stride(), tensor.dtype
+        self.bits: bytes | None = None
+        self.array: Any = None
+
+    def copy(self) -> None:
+        """Copy its bytes (:func:`_bits`), keeping the numpy view of its storage they were read
+        from: reading it again costs a tenth of a new view."""
+        self.array = _bits_view(self.data)
+        self.bits = self.array.tobytes()
+
+    def moved(self) -> bool:
+        """Does the tensor show other data than it did? A swapped ``.data`` shows in the address
+        of its first element, its shape, strides or dtype (also an alias of the same storage seen
+        another way, which the storage's address alone would not show)."""
+        t = self.tensor
+        return (_address(t) != self.address or t.shape != self.shape or t.stride() != self.stride
+                or t.dtype != self.dtype)
 
     def changed(self) -> str | None:
-        """How the tensor changed since, or ``None``. A swapped ``.data`` shows in the address
-        of its first element, its shape, strides or dtype (also an alias of the same storage
-        seen another way, which the storage's address alone would not show)."""
-        t = self.tensor
-        if t._version != self.version:
-            return "written in place (its version counter changed)"
-        if _address(t) != self.address or t.shape != self.shape or t.stride() != self.stride or t.dtype != self.dtype:
+        """How the tensor changed since, or ``None``."""
+        if self.tensor._version != self.version:
+            return _BUMPED
+        if self.moved():
             return _SWAPPED
+        if self.bits is not None and self._bits_now() != self.bits:
+            return _VALUES
         return None
+
+    def _bits_now(self) -> bytes:
+        """The bytes of its original storage now: through the view :meth:`copy` kept while the
+        storage's memory is where it was (a storage resized meanwhile moved: a new view)."""
+        if self.data.data_ptr() == self.address:
+            return self.array.tobytes()
+        return _bits_view(self.data).tobytes()
+
+    def undo(self) -> None:
+        """Put back its data, its values (from the bytes copied, when they were) and its version
+        counter."""
+        t = self.tensor
+        if self.moved():
+            with torch.no_grad():
+                t.data = self.data
+        if self.bits is not None:
+            now = _bits_view(self.data)
+            if now.tobytes() != self.bits:
+                now[...] = np.frombuffer(self.bits, dtype=now.dtype).reshape(now.shape)
+        if t._version != self.version and _SET_VERSION is not None:
+            _SET_VERSION((t,), (self.version,))
 
 
 class _ModuleState:
@@ -61,7 +123,7 @@ class _ModuleState:
 
     def __init__(self, label: str, module: torch.nn.Module) -> None:
         self.label, self.module = label, module
-        self.attributes = {k: v for k, v in vars(module).items() if not k.startswith("_")}
+        self.attributes = {k: v for k, v in vars(module).items() if k[:1] != "_"}
         self.tables: tuple[dict[str, Any], ...] = tuple(dict(table) for table in _tables(module))
 
     def changed(self) -> tuple[str, str] | None:
@@ -96,6 +158,20 @@ def _tables(module: torch.nn.Module) -> tuple[dict[str, Any], ...]:
     return (module._parameters, module._buffers, module._modules)
 
 
+def _states(modules: dict[str, torch.nn.Module]) -> tuple[list[_ModuleState], list[_TensorState]]:
+    """The states of ``modules`` (by label), their submodules, and their parameters and buffers."""
+    module_states: list[_ModuleState] = []
+    tensor_states: list[_TensorState] = []
+    for label, module in modules.items():
+        for sub_label, sub in module.named_modules(prefix=label):
+            module_states.append(_ModuleState(sub_label, sub))
+            for table in (sub._parameters, sub._buffers):
+                for name, t in table.items():
+                    if isinstance(t, torch.Tensor):
+                        tensor_states.append(_TensorState(f"{sub_label}.{name}", t))
+    return module_states, tensor_states
+
+
 #: Per op: the positions and names of the arguments it writes into (see :func:`written_positions`).
 _WRITTEN: dict[Any, tuple[tuple[int, str], ...]] = {}
 
@@ -113,27 +189,73 @@ def written_positions(func: Any) -> tuple[tuple[int, str], ...]:
     return found
 
 
-class CapturedModules(TorchDispatchMode):
+class CapturedModules:
     """Keeps a replacement from changing the modules its match captured (they belong to the
     program, and unless ``rewrite`` works on a copy, to the caller's model).
 
-    While the replacement runs (``with guard:``), an in-place op on one of their parameters or
-    buffers is refused before it writes (:class:`ModuleWrite`); afterwards :meth:`check` compares
-    what it snapshot (tensor version counters, ``.data``, attributes, parameter tables) and
-    :meth:`undo` puts back anything changed. Snapshots hold references, never copies of the
-    tensors. ``modules`` maps the label to report (the module's path) to the module."""
+    The replacement runs inside ``with guard:``; afterwards :meth:`check` compares what was
+    snapshot (tensor version counters, ``.data``, attributes, parameter tables, and in
+    :class:`SnapshotModules` the tensors' bytes) and :meth:`undo` puts back anything changed.
+    ``modules`` maps the label to report (the module's path) to the module. This class does
+    nothing while the replacement runs; its subclasses are the guards :func:`captured_modules`
+    builds."""
 
-    def __init__(self, modules: dict[str, torch.nn.Module]) -> None:
-        super().__init__()
-        self.modules: list[_ModuleState] = []
-        self.tensors: list[_TensorState] = []
-        for label, module in modules.items():
-            for sub_label, sub in module.named_modules(prefix=label):
-                self.modules.append(_ModuleState(sub_label, sub))
-                for table in (sub._parameters, sub._buffers):
-                    for name, t in table.items():
-                        if isinstance(t, torch.Tensor):
-                            self.tensors.append(_TensorState(f"{sub_label}.{name}", t))
+    def __init__(self, modules: dict[str, torch.nn.Module],
+                 states: tuple[list[_ModuleState], list[_TensorState]] | None = None) -> None:
+        self.modules, self.tensors = states if states is not None else _states(modules)
+
+    def __enter__(self) -> CapturedModules:
+        return self
+
+    def __exit__(self, exc_type: Any, exc_val: Any, exc_tb: Any) -> None:
+        return None
+
+    def check(self) -> None:
+        """Raises :class:`ModuleWrite` for the first change the replacement made."""
+        for state in self.tensors:
+            how = state.changed()
+            if how is not None:
+                raise ModuleWrite(state.label, how)
+        for m in self.modules:
+            found = m.changed()
+            if found is not None:
+                raise ModuleWrite(*found)
+
+    def undo(self) -> None:
+        """Put back every attribute, table entry, ``.data``, value and version counter the
+        replacement changed."""
+        for m in self.modules:
+            m.undo()
+        for state in self.tensors:
+            state.undo()
+
+
+class SnapshotModules(CapturedModules):
+    """The guard of small captures: the bytes of every captured tensor are copied when it is
+    built, and :meth:`check` compares them (bit for bit: NaN payloads and ``-0.0`` too), which
+    finds a write through ``.data``, a storage or numpy that the tensor's version counter does
+    not show; :meth:`undo` copies them back and puts the version counters back. The write itself
+    is not stopped: it is in the caller's model until :meth:`undo` (a thread running that model
+    meanwhile would see it; :class:`InterceptedModules` refuses it before it writes)."""
+
+    def __init__(self, modules: dict[str, torch.nn.Module],
+                 states: tuple[list[_ModuleState], list[_TensorState]] | None = None) -> None:
+        super().__init__(modules, states)
+        for state in self.tensors:
+            if state.bits is None:  # captured_modules copied them when it chose this guard
+                state.copy()
+
+
+class InterceptedModules(TorchDispatchMode, CapturedModules):
+    """The guard of large captures (and every capture with :data:`SNAPSHOT` off): while the
+    replacement runs, an in-place op on one of the captured storages is refused before it
+    writes (:class:`ModuleWrite` naming the op); :meth:`check` and :meth:`undo` as in
+    :class:`CapturedModules`, with references only, never copies of the tensors."""
+
+    def __init__(self, modules: dict[str, torch.nn.Module],
+                 states: tuple[list[_ModuleState], list[_TensorState]] | None = None) -> None:
+        TorchDispatchMode.__init__(self)
+        CapturedModules.__init__(self, modules, states)
         self._storages: dict[int, str] | None = None
 
     @property
@@ -164,29 +286,9 @@ class CapturedModules(TorchDispatchMode):
                 raise ModuleWrite(label, f"written in place by {func}")
         return func(*args, **kwargs)
 
-    def check(self) -> None:
-        """Raises :class:`ModuleWrite` for the first change the replacement made."""
-        for state in self.tensors:
-            how = state.changed()
-            if how is not None:
-                raise ModuleWrite(state.label, how)
-        for m in self.modules:
-            found = m.changed()
-            if found is not None:
-                raise ModuleWrite(*found)
 
-    def undo(self) -> None:
-        """Put back every attribute, table entry and ``.data`` the replacement changed."""
-        for m in self.modules:
-            m.undo()
-        for state in self.tensors:
-            if state.changed() == _SWAPPED:
-                with torch.no_grad():
-                    state.tensor.data = state.data
-
-
-class DynamoWrappedModules(CapturedModules):
-    """:class:`CapturedModules` with torch's ``torch._disable_dynamo`` wrapper around
+class DynamoWrappedModules(InterceptedModules):
+    """:class:`InterceptedModules` with torch's ``torch._disable_dynamo`` wrapper around
     ``__torch_dispatch__`` (the slow twin of :data:`UNWRAPPED_DISPATCH`)."""
 
     @classmethod
@@ -194,17 +296,61 @@ class DynamoWrappedModules(CapturedModules):
         return True
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        return CapturedModules.__torch_dispatch__(self, func, types, args, kwargs)
+        return InterceptedModules.__torch_dispatch__(self, func, types, args, kwargs)
 
 
-#: Guard with :class:`CapturedModules` (no Dynamo wrapper around its dispatch); ``False``: with
-#: :class:`DynamoWrappedModules` (``tests/test_captured.py`` checks both refuse and undo alike).
+#: Intercept with :class:`InterceptedModules` (no Dynamo wrapper around its dispatch); ``False``:
+#: with :class:`DynamoWrappedModules` (``tests/test_captured.py`` checks both refuse and undo alike).
 UNWRAPPED_DISPATCH = True
 
 
 def captured_modules(modules: dict[str, torch.nn.Module]) -> CapturedModules:
-    """The guard for ``modules`` (see :class:`CapturedModules` and :data:`UNWRAPPED_DISPATCH`)."""
-    return (CapturedModules if UNWRAPPED_DISPATCH else DynamoWrappedModules)(modules)
+    """The guard for ``modules``: :class:`SnapshotModules` when :data:`SNAPSHOT` is on and their
+    tensors can be copied as bytes within :data:`SNAPSHOT_BUDGET`, else :class:`InterceptedModules`
+    (see :data:`UNWRAPPED_DISPATCH`)."""
+    states = _states(modules)
+    if SNAPSHOT and _copied(states[1]):
+        return SnapshotModules(modules, states)
+    return (InterceptedModules if UNWRAPPED_DISPATCH else DynamoWrappedModules)(modules, states)
+
+
+#: Dtypes whose tensors ``numpy()`` reads as they are; the others are read as integers of their size.
+_NUMPY_DTYPES = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+                           torch.float32, torch.float64, torch.complex64, torch.complex128})
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _copied(tensors: list[_TensorState]) -> bool:
+    """Could every tensor's bytes be copied (:meth:`_TensorState.copy`), all within
+    :data:`SNAPSHOT_BUDGET`? Only dense CPU tensors of their own values are (no subclass but
+    ``Parameter``: a fake, lazy or wrapper tensor is intercepted); numpy refuses the others
+    (quantized, sparse, conjugate or negative views)."""
+    total = 0
+    for state in tensors:
+        t = state.tensor
+        if type(t) not in _PLAIN or not t.is_cpu:
+            return False
+        total += t.nbytes
+    if total > SNAPSHOT_BUDGET:
+        return False
+    try:
+        for state in tensors:
+            state.copy()
+    except (RuntimeError, TypeError, KeyError):
+        return False
+    return True
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _bits_view(t: torch.Tensor) -> Any:
+    """A numpy view of the elements of ``t`` (a ``.data`` alias, which needs no ``detach``), read
+    as integers of their size where numpy has no such dtype: its ``tobytes()`` are the elements
+    in row-major order, so equal bytes are bit-identical values (NaN payloads, ``-0.0``)."""
+    if t.dtype not in _NUMPY_DTYPES:
+        t = t.view(_BITS[t.element_size()])
+    return t.numpy()
 
 
 def _address(t: torch.Tensor) -> int:

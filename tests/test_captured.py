@@ -8,7 +8,14 @@ import torch
 from torch import nn
 
 import fxrewrite._captured as captured
-from fxrewrite._captured import CapturedModules, DynamoWrappedModules, ModuleWrite, captured_modules, written_positions
+from fxrewrite._captured import (
+    DynamoWrappedModules,
+    InterceptedModules,
+    ModuleWrite,
+    SnapshotModules,
+    captured_modules,
+    written_positions,
+)
 
 
 def _schema_scan(func):
@@ -32,11 +39,19 @@ def test_written_positions_of_the_ops_that_write():
     assert written_positions(torch.ops.aten.add.Tensor) == ()
 
 
-@pytest.fixture(autouse=True, params=[True, False], ids=["unwrapped", "dynamo-wrapped"])
-def _dispatch(request, monkeypatch):
-    """Every guard test runs with the guard ``rewrite`` uses and with its slow twin (torch's
-    Dynamo wrapper around ``__torch_dispatch__``, :data:`~fxrewrite._captured.UNWRAPPED_DISPATCH`)."""
-    monkeypatch.setattr(captured, "UNWRAPPED_DISPATCH", request.param)
+#: The guards, by the flags that pick them: the snapshot (the fast path), the dispatch mode
+#: without Dynamo's wrapper (its slow twin, and the guard of large captures), and with it.
+GUARDS = {"snapshot": (True, True, SnapshotModules), "intercepted": (False, True, InterceptedModules),
+          "dynamo-wrapped": (False, False, DynamoWrappedModules)}
+
+
+@pytest.fixture(autouse=True, params=list(GUARDS))
+def kind(request, monkeypatch):
+    """Every guard test runs with each guard (:data:`~fxrewrite._captured.SNAPSHOT`,
+    :data:`~fxrewrite._captured.UNWRAPPED_DISPATCH`): they must refuse and undo alike."""
+    snapshot, unwrapped, _ = GUARDS[request.param]
+    monkeypatch.setattr(captured, "SNAPSHOT", snapshot)
+    monkeypatch.setattr(captured, "UNWRAPPED_DISPATCH", unwrapped)
     return request.param
 
 
@@ -46,26 +61,49 @@ def _captured():
     return conv, bn, captured_modules({"conv": conv, "bn": bn})
 
 
-def test_the_guard_is_the_unwrapped_class_and_its_slow_twin_the_wrapped_one(_dispatch):
+def test_the_flags_pick_the_guard(kind):
     guard = _captured()[2]
-    assert type(guard) is (CapturedModules if _dispatch else DynamoWrappedModules)
+    assert type(guard) is GUARDS[kind][2]
     assert hasattr(vars(DynamoWrappedModules)["__torch_dispatch__"], "__wrapped__")  # torch's wrapper
-    assert not hasattr(vars(CapturedModules)["__torch_dispatch__"], "__wrapped__")
+    assert not hasattr(vars(InterceptedModules)["__torch_dispatch__"], "__wrapped__")
 
 
-@pytest.mark.parametrize("write", [lambda conv, bn: conv.weight.data.mul_(2),
-                                   lambda conv, bn: conv.weight.detach()[0].zero_(),
-                                   lambda conv, bn: bn.running_mean.add_(1),
-                                   lambda conv, bn: torch.add(conv.bias.detach(), 1, out=conv.bias.detach()),
-                                   lambda conv, bn: nn.BatchNorm2d.train(bn)(torch.ones(2, 2, 1, 1))],
-                         ids=["weight", "a view of it", "a buffer", "out=", "batch norm in training"])
-def test_an_in_place_write_into_a_captured_tensor_is_refused_before_it_writes(write):
-    conv, bn, guard = _captured()
-    before = [t.clone() for t in (*conv.parameters(), *bn.buffers())]
-    with pytest.raises(ModuleWrite), guard:
-        write(conv, bn)
-    for old, new in zip(before, (*conv.parameters(), *bn.buffers())):
-        torch.testing.assert_close(old, new, rtol=0, atol=0)
+def test_a_capture_over_the_budget_is_intercepted(kind, monkeypatch):
+    monkeypatch.setattr(captured, "SNAPSHOT_BUDGET", 8 * 4 - 1)  # the conv's 6 floats fit, with bn's 18 not
+    conv, bn = nn.Conv2d(2, 2, 1), nn.BatchNorm2d(2)
+    assert type(captured_modules({"conv": conv})) is GUARDS[kind][2]
+    assert isinstance(captured_modules({"conv": conv, "bn": bn}), InterceptedModules)
+
+
+class _Subclass(torch.Tensor):
+    pass
+
+
+def _with_buffer(value):
+    module = nn.Module()
+    module.register_buffer("b", value)
+    return module
+
+
+@pytest.mark.parametrize("make", [lambda: nn.Conv2d(2, 2, 1, device="meta"),
+                                  lambda: _with_buffer(torch.ones(2).as_subclass(_Subclass)),
+                                  lambda: _with_buffer(torch.ones(2, dtype=torch.complex64).conj())],
+                         ids=["meta", "subclass", "conjugate view"])
+def test_tensors_whose_bytes_cannot_be_copied_are_intercepted(make):
+    assert isinstance(captured_modules({"m": make()}), InterceptedModules)
+
+
+def test_a_snapshot_copies_dtypes_numpy_lacks_as_integers_of_their_size(kind):
+    lin = nn.Linear(3, 3).to(torch.bfloat16)
+    guard = captured_modules({"lin": lin})
+    assert type(guard) is GUARDS[kind][2]
+    before = _state(lin)
+    with pytest.raises(ModuleWrite) as info, guard:
+        lin.weight.data[0, 0] = 7.0
+        guard.check()  # the snapshot finds it here, the dispatch mode at the write
+    assert info.value.label == "lin.weight"
+    guard.undo()
+    assert _state(lin) == before
 
 
 def test_writes_into_other_tensors_and_reads_pass_and_check_finds_nothing():
@@ -77,66 +115,186 @@ def test_writes_into_other_tensors_and_reads_pass_and_check_finds_nothing():
     guard.check()
 
 
-def _reassign_weight(conv, bn):
-    conv.weight = nn.Parameter(conv.weight.detach() * 2)
+# -- the differential test: every guard refuses the same writes and leaves the model bit-identical --
 
 
-def _swap_data(conv, bn):
-    conv.weight.data = torch.zeros(2, 2, 1, 1)
+class _Model(nn.Module):
+    """A conv and a BatchNorm, and a linear layer whose weight ``tied`` shares; the bias holds
+    ``-0.0`` and the weight a NaN with a payload (bit-identical means those too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv, self.bn = nn.Conv2d(2, 2, 1), nn.BatchNorm2d(2).eval()
+        self.lin, self.tied = nn.Linear(2, 2), nn.Linear(2, 2, bias=False)
+        self.tied.weight = self.lin.weight
+        with torch.no_grad():
+            self.conv.bias[0] = -0.0
+            self.conv.weight.view(-1).view(torch.int32)[1] = 0x7FC00123  # a NaN with a payload
 
 
-def _transpose_data(conv, bn):
-    conv.weight.data = conv.weight.data.view(2, 2).t().reshape(2, 2, 1, 1)  # the same storage, seen transposed
+def _state(model: nn.Module) -> dict[str, object]:
+    """Everything the caller could tell apart: each tensor's bytes, object, version counter,
+    address and geometry, and each module's public attributes and tables."""
+    return {
+        "tensors": {name: (t.detach().numpy().tobytes() if t.dtype != torch.bfloat16 else
+                           t.detach().view(torch.int16).numpy().tobytes(),
+                           id(t), t._version, t.data_ptr(), t.shape, t.stride(), t.dtype)
+                    for name, t in (*model.named_parameters(remove_duplicate=False),
+                                    *model.named_buffers(remove_duplicate=False))},
+        "modules": {name: ({k: v for k, v in vars(m).items() if not k.startswith("_")},
+                           dict(m._parameters), dict(m._buffers), dict(m._modules))
+                    for name, m in model.named_modules()},
+    }
 
 
-def _set_attribute(conv, bn):
-    bn.eps = 1.0
+def _swap(m):
+    m.conv.weight.data = torch.zeros(2, 2, 1, 1)
 
 
-def _drop_buffer(conv, bn):
-    del bn._buffers["running_var"]
+def _transpose(m):
+    m.conv.weight.data = m.conv.weight.data.view(2, 2).t().reshape(2, 2, 1, 1)  # the same storage, seen transposed
 
 
-def _add_submodule(conv, bn):
-    conv.extra = nn.ReLU()
+def _set(m):
+    with torch.no_grad():
+        m.conv.weight.set_(torch.zeros(2, 2, 1, 1))
 
 
-@pytest.mark.parametrize(("change", "label", "how"), [
-    (_reassign_weight, "conv.weight", "reassigned"),
-    (_swap_data, "conv.weight", "its .data was replaced"),
-    (_transpose_data, "conv.weight", "its .data was replaced"),
-    (_set_attribute, "bn.eps", "reassigned"),
-    (_drop_buffer, "bn.running_var", "reassigned"),
-    (_add_submodule, "conv.extra", "reassigned"),
-])
-def test_check_names_the_change_and_undo_puts_the_module_back(change, label, how):
-    conv, bn, guard = _captured()
-    state = (dict(conv._parameters), dict(bn._buffers), dict(conv._modules), bn.eps, _geometry(conv.weight),
-             _geometry(bn.running_mean))
-    change(conv, bn)
+def _reassign(m):
+    m.conv.weight = nn.Parameter(m.conv.weight.detach() * 2)
+
+
+def _set_attribute(m):
+    m.bn.eps = 1.0
+
+
+def _drop_buffer(m):
+    del m.bn._buffers["running_var"]
+
+
+def _add_submodule(m):
+    m.conv.extra = nn.ReLU()
+
+
+def _no_grad(write):
+    def run(m):
+        with torch.no_grad():
+            write(m)
+    return run
+
+
+#: (write, the label every guard reports, how the snapshot says it changed): in place, through
+#: ``.data`` (a version counter of its own), a view, a tied weight written through the other
+#: module, ``set_``, a ``.data`` swap, reassignments, buffers, ``-0.0`` and a NaN's payload.
+WRITES = {
+    "in place": (_no_grad(lambda m: m.conv.weight.mul_(2)), "conv.weight", "written in place"),
+    "through .data": (lambda m: m.conv.weight.data.mul_(2), "conv.weight", "its values changed"),
+    "a view": (lambda m: m.conv.weight.detach()[0].zero_(), "conv.weight", "written in place"),
+    "tied weight": (_no_grad(lambda m: m.tied.weight.add_(1)), "lin.weight", "written in place"),
+    "tied, through .data": (lambda m: m.tied.weight.data.add_(1), "lin.weight", "its values changed"),
+    "set_": (_set, "conv.weight", "written in place"),
+    ".data swapped": (_swap, "conv.weight", "its .data was replaced"),
+    ".data transposed": (_transpose, "conv.weight", "its .data was replaced"),
+    "parameter reassigned": (_reassign, "conv.weight", "reassigned"),
+    "attribute": (_set_attribute, "bn.eps", "reassigned"),
+    "buffer dropped": (_drop_buffer, "bn.running_var", "reassigned"),
+    "submodule added": (_add_submodule, "conv.extra", "reassigned"),
+    "buffer": (lambda m: m.bn.running_mean.add_(1), "bn.running_mean", "written in place"),
+    "num_batches_tracked": (lambda m: m.bn.num_batches_tracked.add_(1), "bn.num_batches_tracked",
+                            "written in place"),
+    "-0.0 to 0.0": (lambda m: m.conv.bias.data.abs_(), "conv.bias", "its values changed"),
+    "NaN payload": (lambda m: m.conv.weight.data.view(-1)[1:2].copy_(torch.tensor([float("nan")])), "conv.weight",
+                    "its values changed"),
+    "out=": (lambda m: torch.add(m.conv.bias.detach(), 1, out=m.conv.bias.detach()), "conv.bias",
+             "written in place"),
+}
+
+
+@pytest.mark.parametrize("case", list(WRITES))
+def test_every_guard_refuses_the_write_names_the_tensor_and_undo_leaves_the_model_bit_identical(kind, case):
+    write, label, how = WRITES[case]
+    model = _Model()
+    before = _state(model)
+    guard = captured_modules({"conv": model.conv, "bn": model.bn, "lin": model.lin})
+    assert type(guard) is GUARDS[kind][2]
     with pytest.raises(ModuleWrite) as info:
+        with guard:
+            write(model)
         guard.check()
-    assert (info.value.label, info.value.how) == (label, how)
     guard.undo()
     guard.check()
-    assert state == (dict(conv._parameters), dict(bn._buffers), dict(conv._modules), bn.eps, _geometry(conv.weight),
-                     _geometry(bn.running_mean))
+    assert info.value.label == label
+    if kind == "snapshot" or "reassigned" in how or "replaced" in how:
+        assert how in info.value.how
+    else:  # refused before it wrote, naming the op
+        assert info.value.how.startswith("written in place by aten.")
+    assert _state(model) == before
 
 
-def _geometry(t):
-    return t.data_ptr(), t.untyped_storage().data_ptr(), t.shape, t.stride()
+def test_batch_norm_run_in_training_is_refused_and_undone(kind):
+    model = _Model()
+    before = _state(model)
+    guard = captured_modules({"bn": model.bn})
+    with pytest.raises(ModuleWrite) as info:
+        with guard:
+            model.bn.train()(torch.ones(2, 2, 1, 1))
+        guard.check()
+    guard.undo()
+    assert info.value.label in {"bn.running_mean", "bn.running_var", "bn.num_batches_tracked"}
+    assert _state(model) == before
+
+
+def test_a_write_the_dispatch_mode_cannot_see_is_found_by_the_snapshot(kind):
+    """A write through numpy runs no ATen op: only the snapshot finds it (and undoes it)."""
+    model = _Model()
+    before = _state(model)
+    guard = captured_modules({"conv": model.conv})
+    with guard:
+        model.conv.weight.detach().numpy()[0, 0, 0, 0] = 5.0
+    if kind != "snapshot":
+        guard.check()  # the limit of the slow twin: large captures are not copied
+        return
+    with pytest.raises(ModuleWrite, match="its values changed"):
+        guard.check()
+    guard.undo()
+    assert _state(model) == before
+
+
+def test_a_write_caught_by_the_replacement_is_still_found(kind):
+    """The dispatch mode refuses before the write, so a replacement swallowing its error wrote
+    nothing; the snapshot lets it write and ``check`` finds it: either way the model is intact."""
+    model = _Model()
+    before = _state(model)
+    guard = captured_modules({"conv": model.conv})
+    with guard:
+        try:
+            with torch.no_grad():
+                model.conv.weight.mul_(2)
+        except ModuleWrite:
+            pass
+    if kind == "snapshot":
+        with pytest.raises(ModuleWrite):
+            guard.check()
+        guard.undo()
+    guard.check()
+    assert _state(model) == before
 
 
 def test_a_write_into_the_original_storage_after_a_data_swap_is_refused():
-    """The storages refused are those the tensors had at the snapshot (the map is built at the
-    first writing op, from the aliases taken then): swapping ``.data`` first does not let a write
-    through a kept alias into the program's own storage."""
+    """The storages guarded are those the tensors had when the guard was built (the dispatch
+    mode's map is built at the first writing op, from the aliases taken then; the snapshot
+    compares the original storage): swapping ``.data`` first does not let a write through a
+    kept alias into the program's own storage."""
     conv, _bn, guard = _captured()
     before = conv.weight.detach().clone()
-    with pytest.raises(ModuleWrite) as info, guard:
-        kept = conv.weight.data
-        conv.weight.data = torch.zeros(2, 2, 1, 1)
-        kept.mul_(2)
+    with pytest.raises(ModuleWrite) as info:
+        with guard:
+            kept = conv.weight.data
+            conv.weight.data = torch.zeros(2, 2, 1, 1)
+            kept.mul_(2)
+        guard.check()
     assert info.value.label == "conv.weight"
     guard.undo()
     torch.testing.assert_close(conv.weight.detach(), before, rtol=0, atol=0)
+    guard.check()

@@ -22,6 +22,7 @@ from _helpers import assert_rewrite_sound
 from torch import nn
 
 import fxrewrite
+import fxrewrite._captured as captured
 from fxrewrite.errors import ModuleWriteError, RewriteError
 from fxrewrite.testing.strategies import default_module
 
@@ -126,6 +127,7 @@ def _snapshot(model: nn.Module) -> dict[str, Any]:
 def _assert_bit_identical(model: nn.Module, before: dict[str, Any]) -> None:
     after = _snapshot(model)
     assert after["objects"] == before["objects"]
+    assert after["versions"] == before["versions"]
     for name, tensor in after["state"].items():
         assert torch.equal(tensor, before["state"][name]), f"{name} changed"
         assert tensor.dtype == before["state"][name].dtype
@@ -135,7 +137,15 @@ def _assert_bit_identical(model: nn.Module, before: dict[str, Any]) -> None:
 X = torch.randn(2, 3, 5, 5)
 
 
-def test_fold_into_a_shared_conv_is_an_error_and_the_callers_model_is_bit_identical():
+@pytest.fixture(autouse=True, params=[True, False], ids=["snapshot", "intercepted"])
+def snapshot(request, monkeypatch):
+    """Every scenario runs with the guard ``rewrite`` picks for these small modules (the
+    snapshot) and with its slow twin (the dispatch mode, :data:`fxrewrite._captured.SNAPSHOT`)."""
+    monkeypatch.setattr(captured, "SNAPSHOT", request.param)
+    return request.param
+
+
+def test_fold_into_a_shared_conv_is_an_error_and_the_callers_model_is_bit_identical(snapshot):
     model = SharedConv().eval()
     before = _snapshot(model)
     with torch.no_grad():
@@ -144,7 +154,8 @@ def test_fold_into_a_shared_conv_is_an_error_and_the_callers_model_is_bit_identi
         fxrewrite.rewrite(model, _rule(fold_in_place))
     message = str(info.value)
     assert "rule 'fold_in_place'" in message
-    assert "'conv.weight'" in message and "aten.mul_" in message
+    assert "'conv.weight'" in message and "written in place" in message
+    assert snapshot or "aten.mul_" in message  # the dispatch mode refuses the op before it writes
     assert "copy.deepcopy(conv)" in message
     _assert_bit_identical(model, before)
     with torch.no_grad():
@@ -160,7 +171,7 @@ def test_module_write_error_is_a_rewrite_error():
     (swap_data, "'conv.weight'", "its .data was replaced"),
     (reassign_parameter, "'conv.weight'", "reassigned"),
     (reassign_attribute, "'conv.padding'", "reassigned"),
-    (write_through_data, "'conv.weight'", "written in place"),
+    (write_through_data, "'conv.weight'", "written"),
     (write_bn_buffer, "'bn.running_mean'", "written in place"),
 ])
 def test_every_kind_of_write_is_refused_named_and_undone(replacement, label, how):
@@ -227,3 +238,20 @@ def test_a_capture_that_accepts_a_shared_module_is_handed_it_at_each_place():
     assert result.report.applied["shared_fold"] == 2  # each call gets its own folded copy
     assert_rewrite_sound(model, result, X, rtol=1e-5, atol=1e-5)
     _assert_bit_identical(model, before)
+
+
+def test_rewrite_guards_small_captures_with_the_snapshot_and_its_twin_with_the_dispatch_mode(snapshot, monkeypatch):
+    built: list[str] = []
+    for cls in (captured.SnapshotModules, captured.InterceptedModules):
+        monkeypatch.setattr(cls, "__init__", _counting(cls.__init__, cls.__name__, built))
+    result = fxrewrite.rewrite(SingleConv().eval(), _rule(fold_into_copy))
+    assert result.report.applied["fold_into_copy"] == 1
+    assert built == ["SnapshotModules" if snapshot else "InterceptedModules"]
+
+
+def _counting(init: Callable[..., None], name: str, built: list[str]) -> Callable[..., None]:
+    def counted(self: Any, *args: Any, **kwargs: Any) -> None:
+        if type(self).__name__ == name:
+            built.append(name)
+        init(self, *args, **kwargs)
+    return counted
