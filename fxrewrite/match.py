@@ -44,6 +44,7 @@ from .canon import (
     known_floating,
     lined_up_arguments,
     lined_up_as,
+    may_be_identity,
     named_arguments,
     node_key,
     node_keys,
@@ -773,7 +774,7 @@ def _tree_step(pn: Node, program: _Program) -> _Step:
                 return _FALLBACK
             if result_kind(gv) not in ("tensor", "unknown"):
                 return False
-            p2g[pn] = through_identities(gv)
+            p2g[pn] = through_identities(gv) if may_be_identity(gv) else gv  # (the cheap test first)
             return True
         return variable
     facts = program.facts[pn]
@@ -784,7 +785,7 @@ def _tree_step(pn: Node, program: _Program) -> _Step:
         if type(gv) is not Node and not isinstance(gv, Node):
             return False
         keys = node_keys(gv)
-        if looks_through and identity_source(gv) is not None:
+        if looks_through and may_be_identity(gv) and identity_source(gv) is not None:  # (the cheap test first)
             return _FALLBACK
         if key not in keys:
             return False

@@ -240,3 +240,33 @@ def test_result_kinds_read_from_the_table_inside_the_walk_keep_its_budget():
         [schema.result_kind(n) for n in nodes]  # files relu's target
         assert [schema.result_kind(n) for n in nodes] == slow
     assert {"tensor", "unknown"} <= set(slow)  # the budget ran out far from relu
+
+
+def test_result_kinds_of_python_arithmetic_decided_from_the_first_input_are_the_walks():
+    """``FAST_RESULT_KIND`` for Python arithmetic (``_arithmetic_kind``): ``x + y`` whose first input
+    is a filed tensor, or such arithmetic up to eight deep, is a tensor without the walk; a first
+    input that is a size, a constant, deeper arithmetic, or a node with metadata is left to the
+    walk. Every node gets the kind the slow walk gives, traced and with metadata."""
+    def program(x, y):
+        s = x.size(0) * 2 + 1  # values first
+        a = torch.relu(x) + y  # a filed tensor first
+        deep = a
+        for i in range(12):  # arithmetic on arithmetic, past the fast path's depth
+            deep = deep * 0.5 if i % 2 else deep + y
+        c = 2.0 * x - s  # a constant first: the first input node is x
+        d = (s + x) * a  # a value first, a tensor second
+        return deep, c, d, -a, y ** 2
+
+    gm = fx.symbolic_trace(program)
+    annotated = fx.symbolic_trace(program)
+    propagate_inputs(annotated, (torch.randn(3, 2), torch.randn(3, 2)))
+    nodes = [n for g in (gm.graph, annotated.graph) for n in g.nodes]
+    with _fast(False):
+        slow = [schema.result_kind(n) for n in nodes]
+    with _fast(True):
+        [schema.result_kind(n) for n in nodes]  # files relu's target
+        assert [schema.result_kind(n) for n in nodes] == slow
+        decided = [n.name for n in gm.graph.nodes if schema._arithmetic_kind(n) is not None]
+    assert {"tensor", "value"} <= set(slow)
+    assert {"add_1", "mul_4", "neg"} <= set(decided) and len(decided) == 10, decided  # mul_5: nine deep
+    assert not any(schema._arithmetic_kind(n) for n in annotated.graph.nodes)  # metadata: the walk reads it

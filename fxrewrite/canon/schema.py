@@ -334,6 +334,8 @@ def result_kind(node: Node) -> ResultKind:
     """
     if FAST_RESULT_KIND:
         kind = _filed_kind(node)
+        if kind is None and node.op == "call_function":
+            kind = _arithmetic_kind(node)
         if kind is not None:
             return kind
     return _kind(node, {})
@@ -351,6 +353,28 @@ def _filed_kind(node: Node) -> ResultKind | None:
                 return _flat_kinds.get((node.op, node.target, tuple(map(type, node.args))))
         except TypeError:  # an unhashable target
             pass
+    return None
+
+
+def _arithmetic_kind(node: Node, depth: int = 8) -> ResultKind | None:
+    """``"tensor"`` for Python arithmetic without metadata whose first input has a filed tensor
+    kind (:func:`_filed_kind`), or is such arithmetic itself (up to ``depth`` deep): :func:`_kind`
+    finds that first (the inputs walked in order, the first tensor decides; ``depth`` stays far
+    within its budget); ``None`` when it is not decided here. ``x + y`` on traced tensors is the
+    common case: no walk, no ``seen`` dict."""
+    meta = node.meta
+    if meta and (_VALUE in meta or _DYNAMO_VALUE in meta or meta.get(_TENSOR_META) is not None):
+        return None
+    try:
+        if node.target not in _PYTHON_ARITHMETIC:
+            return None
+    except TypeError:  # an unhashable target
+        return None
+    for first in node.all_input_nodes:
+        kind = _filed_kind(first)
+        if kind is None and depth and first.op == "call_function":
+            kind = _arithmetic_kind(first, depth - 1)
+        return "tensor" if kind == "tensor" else None
     return None
 
 
