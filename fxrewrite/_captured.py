@@ -64,7 +64,7 @@ class _TensorState:
     __slots__ = ("address", "array", "bits", "data", "dtype", "label", "shape", "stride", "tensor", "version")
 
     def __init__(self, label: str, tensor: torch.Tensor) -> None:
-        self.label, self.tensor, self.version = label, tensor, tensor._version
+        self.label, self.tensor, self.version = label, tensor, _version(tensor)
         self.data = tensor.data
         self.address = _address(tensor)
         self.shape, self.stride, self.dtype = tensor.shape, tensor.stride(), tensor.dtype
@@ -87,7 +87,11 @@ class _TensorState:
 
     def changed(self) -> str | None:
         """How the tensor changed since, or ``None``."""
-        if self.tensor._version != self.version:
+        try:
+            bumped = self.tensor._version != self.version
+        except RuntimeError:  # an inference tensor (see _version)
+            bumped = False
+        if bumped:
             return _BUMPED
         if self.moved():
             return _SWAPPED
@@ -113,7 +117,7 @@ class _TensorState:
             now = _bits_view(self.data)
             if now.tobytes() != self.bits:
                 now[...] = np.frombuffer(self.bits, dtype=now.dtype).reshape(now.shape)
-        if t._version != self.version and _SET_VERSION is not None:
+        if self.version is not None and _version(t) != self.version and _SET_VERSION is not None:
             _SET_VERSION((t,), (self.version,))
 
 
@@ -353,6 +357,16 @@ def _bits_view(t: torch.Tensor) -> Any:
     if t.dtype not in _NUMPY_DTYPES:
         t = t.view(_BITS[t.element_size()])
     return t.numpy()
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """The tensor's version counter; ``None`` for an inference tensor, which has none (a model
+    built under ``torch.inference_mode``): a write into it shows in its values (snapshot) or is
+    refused by the dispatch mode."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
 
 
 def _address(t: torch.Tensor) -> int:

@@ -298,3 +298,23 @@ def test_a_write_into_the_original_storage_after_a_data_swap_is_refused():
     guard.undo()
     torch.testing.assert_close(conv.weight.detach(), before, rtol=0, atol=0)
     guard.check()
+
+
+def test_inference_tensors_have_no_version_counter_and_a_write_into_them_is_still_refused_and_undone(kind):
+    """A model built under ``torch.inference_mode`` (its tensors keep no version counter, and
+    asking for one raises): the guard is built, and a write made in inference mode is found by
+    its values (snapshot) or refused (dispatch mode), and undone."""
+    with torch.inference_mode():
+        conv = nn.Conv2d(2, 2, 1)
+    before = conv.weight.detach().clone()
+    guard = captured_modules({"conv": conv})
+    assert type(guard) is GUARDS[kind][2]
+    guard.check()
+    with pytest.raises(ModuleWrite) as info:
+        with guard, torch.inference_mode():
+            conv.weight.mul_(2)
+        guard.check()
+    guard.undo()
+    guard.check()
+    assert info.value.label == "conv.weight"
+    assert torch.equal(conv.weight.detach(), before)

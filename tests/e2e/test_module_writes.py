@@ -255,3 +255,23 @@ def _counting(init: Callable[..., None], name: str, built: list[str]) -> Callabl
             built.append(name)
         init(self, *args, **kwargs)
     return counted
+
+
+def test_a_model_built_in_inference_mode_is_folded_and_a_write_into_it_refused():
+    """Inference tensors keep no version counter: the guard does without it."""
+    with torch.inference_mode():
+        model = SingleConv().eval()
+    result = fxrewrite.rewrite(model, _rule(fold_into_copy))
+    assert result.report.applied["fold_into_copy"] == 1
+    with torch.inference_mode():
+        assert_rewrite_sound(model, result, X, rtol=1e-5, atol=1e-5)
+
+    def fold_in_inference_mode(x, conv: nn.Conv2d, bn: nn.BatchNorm2d):
+        with torch.inference_mode():
+            conv.weight.mul_(2)
+        return conv(x)
+
+    before = model.conv.weight.detach().clone()
+    with pytest.raises(ModuleWriteError, match=r"'conv\.weight'"):
+        fxrewrite.rewrite(model, _rule(fold_in_inference_mode))
+    assert torch.equal(model.conv.weight.detach(), before)
