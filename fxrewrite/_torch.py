@@ -19,6 +19,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import math
+import operator
 from collections.abc import Callable, Collection, Iterator, Mapping
 from types import ModuleType
 from typing import Any
@@ -81,14 +82,13 @@ tree_flatten = pytree.tree_flatten
 tree_unflatten = pytree.tree_unflatten
 
 
-def node_position(node: Node) -> Any:
-    """A key that orders the nodes of one graph topologically (graph order), in O(1)."""
-    return node._sort_key
-
-
-def is_erased(node: Node) -> bool:
-    """True once ``graph.erase_node(node)`` removed it."""
-    return bool(node._erased)
+#: ``node_position(node)``: a key that orders the nodes of one graph topologically (graph order),
+#: in O(1). An attribute getter, not a function: asked ~20k times in a rewrite of 8k nodes, it
+#: costs no Python frame.
+node_position: Callable[[Node], Any] = operator.attrgetter("_sort_key")
+#: ``is_erased(node)``: True once ``graph.erase_node(node)`` removed it (fx keeps a bool; an
+#: attribute getter, as :data:`node_position`).
+is_erased: Callable[[Node], bool] = operator.attrgetter("_erased")
 
 
 def nodes_side_table(graph: fx.Graph) -> Collection[Node]:

@@ -65,9 +65,8 @@ _MISSING = object()
 LinedUp = tuple[tuple[str, ...], tuple[Any, ...], tuple[Any, ...]]
 
 
-def node_position(node: Node) -> Any:
-    """A key that orders the nodes of one graph topologically (graph order), in O(1)."""
-    return _torch.node_position(node)
+#: ``node_position(node)``: a key that orders the nodes of one graph topologically (graph order), in O(1).
+node_position = _torch.node_position
 
 
 @attrs.frozen

@@ -149,13 +149,14 @@ _INPUT_KEY_DEPTH = 4  # identities looked through when collecting the keys feedi
 def input_keys(node: Node) -> frozenset[Hashable]:
     """The keys of what feeds ``node``, identities looked through (without proving them: a
     superset is all the driver's cheap pre-check needs), for :attr:`Pattern.anchor_input_keys`."""
-    keys: set[Hashable] = set()
+    keys: list[Hashable] = []
     for a in node.all_input_nodes:
-        for _ in range(_INPUT_KEY_DEPTH):
-            keys.update(node_keys(a))
-            if not may_be_identity(a) or not a.args or not isinstance(a.args[0], Node):
-                break
+        keys += node_keys(a)
+        depth = 1  # (asked at every visit: no loop or set per input where nothing is looked through)
+        while depth < _INPUT_KEY_DEPTH and may_be_identity(a) and a.args and isinstance(a.args[0], Node):
             a = a.args[0]
+            keys += node_keys(a)
+            depth += 1
     return frozenset(keys)
 
 

@@ -173,3 +173,26 @@ def test_a_literal_capture_binds_the_number_a_0d_tensor_constant_holds():
         result = rewrite(torch.export.export(model, (c, s)), rule)
         assert result.report.applied["where_m"] == count, type(model).__name__
         torch.testing.assert_close(result.module(c, s), model(c, s))
+
+
+def test_input_keys_look_through_up_to_four_identities_per_input():
+    """``input_keys``: the keys of each input and of what stands behind the identities in front of
+    it, four nodes deep per input at most; an input that cannot be an identity stops the walk."""
+    import torch.nn.functional as F
+
+    from fxrewrite.canon import input_keys, node_keys
+
+    def program(x, y):
+        behind = F.dropout(F.dropout(torch.neg(x), 0.5, False), 0.5, False)
+        deep = torch.sin(y)
+        for _ in range(5):
+            deep = F.dropout(deep, 0.5, False)
+        return torch.relu(behind) + torch.cos(torch.neg(torch.abs(x))), torch.relu(deep) * deep
+
+    nodes = {n.name: n for n in fx.symbolic_trace(program).graph.nodes}
+    key = {name: node_keys(n)[0] for name, n in nodes.items()}
+    assert input_keys(nodes["relu"]) == {key["dropout_1"], key["neg"]}  # both dropouts, then neg, which stops it
+    assert input_keys(nodes["cos"]) == {key["neg_1"]}  # neg is no identity: abs is not reached
+    assert input_keys(nodes["relu_1"]) == {key["dropout_6"]}  # four dropouts deep, sin not reached
+    assert input_keys(nodes["add"]) == {key["relu"], key["cos"]}
+    assert input_keys(nodes["x"]) == frozenset()
