@@ -328,7 +328,7 @@ def test_modules_drawn_apart_fit_together_less_often_than_modules_drawn_for_each
 
     apart = {"first": _linear_of_any_width, "second": lambda: nn.Linear(1 + int(torch.randint(4, ())), 3)}
     fitted = {"first": _linear_of_any_width, "second": lambda first: nn.Linear(first.out_features, 3)}
-    assert refused(fitted) == 0 and refused(apart) >= 10
+    assert 5 * refused(fitted) < refused(apart)  # the only refusals left are the tensor's (a 0-dim x)
 
 
 class Block(nn.Module):
