@@ -14,6 +14,8 @@ status 2.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import multiprocessing
 import os
 import pickle
@@ -355,7 +357,9 @@ def _results(rules: Sequence[Rule], examples: int, seed: int | None, jobs: int,
     if jobs == 1 or len(rules) < 2:
         for i, rule in enumerate(rules):
             status.show(i, [rule.name])
-            yield i, *_checked_with_draws(rule, examples, seed)
+            with fewer_collections():
+                checked_rule = _checked_with_draws(rule, examples, seed)
+            yield i, *checked_rule
         return
     yield from _parallel(rules, examples, seed, min(jobs, len(rules)), status)
 
@@ -370,11 +374,36 @@ _START_METHOD = "fork" if "fork" in multiprocessing.get_all_start_methods() else
 
 
 def _initialize(files: Sequence[str] | None, keys: Sequence[tuple[str, str]]) -> None:
-    """In a spawned worker: load the rule files again and line the rules up as the parent has them."""
-    if files is None:
-        return
-    by_key = {(r.name, r.origin): r for path in files for r in _load([path])}
-    _RULES[:] = [by_key[key] for key in keys]
+    """In a worker: collect garbage less (:func:`fewer_collections`, for the worker's life); when
+    spawned, load the rule files again and line the rules up as the parent has them."""
+    if files is not None:
+        by_key = {(r.name, r.origin): r for path in files for r in _load([path])}
+        _RULES[:] = [by_key[key] for key in keys]
+    gc.freeze()  # as fewer_collections() does, for the rest of the worker's life
+    gc.set_threshold(*CHECK_GC_THRESHOLDS)
+
+
+#: Thresholds of Python's cyclic garbage collector while rules are checked (its defaults are
+#: ``(700, 10, 10)``): a search allocates many short-lived objects (Hypothesis' choices, spans,
+#: tensors) and the collections they trigger were ~12% of the checker's CPU, most of it in the
+#: few full collections that walk the whole heap (torch, the loaded rules), ~0.2 s each.
+CHECK_GC_THRESHOLDS = (10_000, 10, 10)
+
+
+@contextlib.contextmanager
+def fewer_collections() -> Iterator[None]:
+    """Check rules with less garbage collection: what is alive on entry is frozen (never walked
+    by a collection, ``gc.freeze``) and collections start after :data:`CHECK_GC_THRESHOLDS`
+    allocations; both are undone on exit. Garbage is still collected, less often. Library
+    checks of 28 rules, one process, CPU, 3 alternating pairs: 13.0/12.1/11.3 s -> 10.8/11.1/10.6 s."""
+    thresholds = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(*CHECK_GC_THRESHOLDS)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
 
 
 def _check_one(index: int, examples: int, seed: int | None) -> tuple[CheckResult, str]:

@@ -191,3 +191,31 @@ def test_verbose_shows_each_rules_inputs_drawn_kept_and_rejected(tmp_path):
         assert status == 0 and len(drawn) == 3, out
         assert all(int(d) >= int(k) > 0 for d, k, _ in drawn)
     assert "inputs:" not in check([tmp_path], examples=5)[1]
+
+
+def test_rules_are_checked_with_fewer_garbage_collections_and_the_settings_come_back():
+    import gc
+
+    from fxrewrite.testing import check_cli
+
+    before, frozen = gc.get_threshold(), gc.get_freeze_count()
+    with check_cli.fewer_collections():
+        assert gc.get_threshold() == check_cli.CHECK_GC_THRESHOLDS and gc.get_freeze_count() > frozen
+    assert gc.get_threshold() == before and gc.get_freeze_count() == frozen
+    with pytest.raises(KeyError), check_cli.fewer_collections():
+        raise KeyError("a check that fails")
+    assert gc.get_threshold() == before and gc.get_freeze_count() == frozen
+
+
+def test_a_worker_collects_less_for_its_whole_life():
+    import gc
+
+    from fxrewrite.testing import check_cli
+
+    before = gc.get_threshold()
+    try:
+        check_cli._initialize(None, [])
+        assert gc.get_threshold() == check_cli.CHECK_GC_THRESHOLDS
+    finally:
+        gc.set_threshold(*before)
+        gc.unfreeze()
