@@ -72,7 +72,7 @@ class _TensorState:
         self.array: Any = None
 
     def copy(self) -> None:
-        """Copy its bytes (:func:`_bits`), keeping the numpy view of its storage they were read
+        """Copy its bytes (:func:`_bits_view`), keeping the numpy view of its storage they were read
         from: reading it again costs a tenth of a new view."""
         self.array = _bits_view(self.data)
         self.bits = self.array.tobytes()
@@ -330,11 +330,13 @@ def _copied(tensors: list[_TensorState]) -> bool:
     """Could every tensor's bytes be copied (:meth:`_TensorState.copy`), all within
     :data:`SNAPSHOT_BUDGET`? Only dense CPU tensors of their own values are (no subclass but
     ``Parameter``: a fake, lazy or wrapper tensor is intercepted); numpy refuses the others
-    (quantized, sparse, conjugate or negative views)."""
+    (quantized, sparse, conjugate or negative views). A tensor that sees part of its storage
+    (a view into a flat buffer) is intercepted too: the dispatch mode guards the whole storage,
+    the copy would guard the part."""
     total = 0
     for state in tensors:
         t = state.tensor
-        if type(t) not in _PLAIN or not t.is_cpu:
+        if type(t) not in _PLAIN or not t.is_cpu or t.untyped_storage().nbytes() != t.nbytes:
             return False
         total += t.nbytes
     if total > SNAPSHOT_BUDGET:

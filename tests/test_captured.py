@@ -93,6 +93,20 @@ def test_tensors_whose_bytes_cannot_be_copied_are_intercepted(make):
     assert isinstance(captured_modules({"m": make()}), InterceptedModules)
 
 
+def test_a_tensor_seeing_part_of_its_storage_is_intercepted_and_a_write_into_the_rest_refused(kind):
+    """The dispatch mode guards a captured tensor's whole storage; a copy of the tensor's bytes
+    would guard only the part it sees, so such captures are never snapshot."""
+    flat = torch.zeros(8)
+    lin = nn.Linear(2, 2, bias=False)
+    lin.weight = nn.Parameter(flat[:4].view(2, 2))
+    guard = captured_modules({"lin": lin})
+    assert isinstance(guard, InterceptedModules)
+    with pytest.raises(ModuleWrite) as info, guard:
+        flat[4:].add_(1)
+    assert info.value.label == "lin.weight"
+    assert torch.equal(flat, torch.zeros(8))
+
+
 def test_a_snapshot_copies_dtypes_numpy_lacks_as_integers_of_their_size(kind):
     lin = nn.Linear(3, 3).to(torch.bfloat16)
     guard = captured_modules({"lin": lin})
