@@ -488,7 +488,9 @@ class Driver:
         if self.pruned and change.created:
             self.pruned = not any(mutation(n) is not None for n in change.created)
         mark = self.worklist.mark if self.pruned else None
-        self.worklist.push_all(_reached(change, self.reach, self.largest, mark, rewired))
+        reached = _reached(change, self.reach, self.largest, mark, rewired)
+        if reached:
+            self.worklist.push_all(reached)
 
     @property
     def last_rewrite(self) -> str | None:
@@ -557,8 +559,13 @@ def _reached(change: Change, reach: int, largest: int, mark: Any = None, rewired
     created = [n for n in change.created if not is_erased(n)] if change.created else []
     # per node of the frontier, its users; the rewired nodes first, one user away from the value they now read
     frontier: list[Iterable[Node]] = [rewired] if rewired else []
-    frontier += [n.users for n in created]
-    frontier += [n.users for n in change.inputs if not is_erased(n) and len(n.users) <= largest]
+    for n in created:  # (loops, not comprehensions: a deletion's event walks from one or two inputs)
+        frontier.append(n.users)
+    for n in change.inputs:
+        if not is_erased(n) and len(n.users) <= largest:
+            frontier.append(n.users)
+    if not frontier:
+        return created
     seen = set(created)  # not the inputs: one that reads another input is reached as its user
     reached = created
     for _ in range(reach):
