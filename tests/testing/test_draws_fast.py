@@ -13,7 +13,8 @@
   draw layouts first, with the shape relations they accept;
 * ``_running.FAST_GUARD_VALUES``: the guard harness records the same values as fx's interpreter;
 * ``_plan.ADMITTED_BY_RELATIONS``: a focus an accepted relation admits is admitted by the search too;
-* ``_values.CAPPED_VALUE_LISTS``: a tensor drawn after its layout draws no more values than it holds.
+* ``_values.CAPPED_VALUE_LISTS``: a tensor drawn after its layout draws no more values than it holds;
+* ``_values.FLAT_ELEMENTS``: a value drawn without the one-of's spans is the one-of's value for the same choices.
 """
 
 from __future__ import annotations
@@ -423,3 +424,45 @@ def test_capped_and_uncapped_value_lists_keep_the_inputs_accepted_and_varied(mon
         assert all(_plan.accepts(plan, inputs) for inputs in drawn)
         assert any(len(set(d["x"].flatten().tolist())) > 1 for d in drawn)  # tensors of several values
     _values._value_lists.cache_clear()
+
+
+# -- flattened value draws ------------------------------------------------------------------------
+
+
+def _replayed(first, second, seed: int):  # type: ignore[no-untyped-def]
+    """A value drawn from ``first`` at random, and ``second``'s value for the same choices."""
+    from random import Random
+
+    from hypothesis.control import BuildContext
+    from hypothesis.internal.conjecture.data import ConjectureData
+
+    data = ConjectureData(random=Random(seed))
+    with BuildContext(data, wrapped_test=None):
+        value = data.draw(first)
+    replay = ConjectureData.for_choices(data.choices)
+    with BuildContext(replay, wrapped_test=None):
+        return value, replay.draw(second)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64, torch.uint8], ids=str)
+@pytest.mark.parametrize("bounds", [(None, None, True), (-4.0, 4.0, False)], ids=["any", "bounded"])
+def test_a_flattened_element_draws_what_the_one_of_draws_for_the_same_choices(dtype, bounds):
+    lo, hi, special = bounds
+    plain = _values.elements(dtype, min_value=lo, max_value=hi, special_values=special)
+    flat = _values._flat(plain)
+    assert isinstance(flat, _values._FlatOneOf)  # this Hypothesis exposes what the flattening needs
+    seen = set()
+    for seed in range(150):
+        for first, second in ((plain, flat), (flat, plain)):
+            a, b = _replayed(first, second, seed)
+            assert repr(a) == repr(b), (seed, a, b)  # repr: nan is nan, -0.0 is not 0.0
+            seen.add(repr(a))
+    assert len(seen) > (30 if dtype.is_floating_point else 4)  # every group drawn: simple, extreme, moderate...
+
+
+def test_flat_elements_off_is_the_one_of_itself(monkeypatch):
+    plain = _values.elements(torch.float32)
+    assert _values._flat(plain) is not plain
+    monkeypatch.setattr(_values, "FLAT_ELEMENTS", False)
+    assert _values._flat(plain) is plain
+    assert _values._flat(_values.elements(torch.bool)) is not None  # booleans: not a one-of, left as they are
