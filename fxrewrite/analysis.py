@@ -42,7 +42,7 @@ from torch.fx.node import Node, map_aggregate
 
 from ._logs import quieted
 from .canon import attribute_at, canonical_arguments, is_commutative_call, op_key_of
-from .domain import Domain
+from .domain import DependentFactory, Domain, build_order
 from .errors import FxRewriteError
 from .match import Match, match_at
 from .meta import forget_value, propagate_inputs, record_values
@@ -249,18 +249,23 @@ def _modules_for(rule: Rule, width: int) -> dict[str, nn.Module] | None:
     from .testing._nn_modules import default_module  # imported lazily: builds torch.nn modules for captures
 
     declared = _domain(rule).modules
-    out = {}
-    for param in captures:
+    by_name = {param.name: param for param in captures}
+    out: dict[str, nn.Module] = {}
+    for param in (by_name[name] for name in build_order(list(by_name), declared)):
         source = declared.get(param.name)
         try:
-            module = source() if callable(source) else default_module(param.annotation, width=width, kernel=1,
-                                                                       bias=True)
+            if isinstance(source, DependentFactory):  # fitted to the modules built for the captures it names
+                module = source(**{name: out[name] for name in source.needs})
+            elif callable(source):
+                module = source()
+            else:
+                module = default_module(param.annotation, width=width, kernel=1, bias=True)
         except Exception:
             module = None
         if not isinstance(module, param.annotation):
             return None
         out[param.name] = module
-    return out
+    return {param.name: out[param.name] for param in captures}
 
 
 def _probe_shape(rule: Rule, param: Param, rank: int, side: int, modules: Mapping[str, nn.Module]) -> tuple[int, ...]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
@@ -32,7 +32,7 @@ from .errors import RuleDefinitionError
 from .verify import default_tolerance
 
 __all__ = ["DEFAULT_DTYPES", "DOMAIN_KEYS", "INPUT_KEYS", "TOLERANCE_KEYS", "DependentFactory", "Domain", "ShapeMode",
-           "TensorDomain", "Tolerance", "check_option", "factory_needs"]
+           "TensorDomain", "Tolerance", "build_order", "check_option", "factory_needs"]
 
 #: Tensor dtypes drawn when a rule's domain does not say (add float16/bfloat16 in ``domain``).
 DEFAULT_DTYPES: tuple[torch.dtype, ...] = (
@@ -209,6 +209,30 @@ class DependentFactory:
                                     f"factory of its own to build it from; pass it by name")
                 modules[name] = _dependent(source, self.declared)()
         return self.make(**{name: modules[name] for name in self.needs})
+
+
+def build_order(names: Sequence[str], sources: Mapping[str, Any]) -> list[str]:
+    """``names`` (module captures) in the order their modules are built: as given, each whose
+    factory names other captures (:class:`DependentFactory`) after those (the domain refuses
+    cycles). The checker draws in this order, and the rule analysis builds its modules in it.
+
+    >>> sources = {"bn": DependentFactory(lambda conv: None, ("conv",), {}), "conv": lambda: None}
+    >>> build_order(["bn", "conv"], sources)
+    ['conv', 'bn']
+    """
+    order: list[str] = []
+
+    def add(name: str) -> None:
+        if name in order:
+            return
+        source = sources.get(name)
+        for needed in source.needs if isinstance(source, DependentFactory) else ():
+            add(needed)
+        order.append(name)
+
+    for name in names:
+        add(name)
+    return order
 
 
 def _dependent(source: Any, declared: Mapping[str, Any]) -> Any:

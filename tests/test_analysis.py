@@ -348,3 +348,25 @@ def test_a_replacement_that_raises_on_its_own_pattern_is_an_error_saying_what_it
     assert "rule 'short_add'" in found.message and "its replacement raises" in found.message
     unrelated = Finding("loop", ("short_add",), "a message", "warning")
     assert replacement_raises(unrelated, rules) is unrelated
+
+
+def test_a_module_factory_naming_another_capture_receives_the_module_built_for_it():
+    built, received = [], []
+
+    def make_conv():
+        built.append(torch.nn.Conv2d(2, 3, 1))
+        return built[-1]
+
+    def make_bn(conv):
+        received.append(conv)
+        return torch.nn.BatchNorm2d(conv.out_channels).eval()
+
+    def conv_bn(x, conv: torch.nn.Conv2d, bn: torch.nn.BatchNorm2d):
+        return bn(conv(x))
+
+    rule = R(conv_bn, conv_bn, name="conv_bn_again", domain={"modules": {"bn": make_bn, "conv": make_conv}})
+    [finding] = analyze([rule])
+    assert (finding.kind, finding.rules) == ("self-loop", ("conv_bn_again",))
+    # each BatchNorm fitted to the conv the analysis built for `conv`, none to a conv of its own
+    assert received and len(built) == len(received)
+    assert all(r is b for r, b in zip(received, built))

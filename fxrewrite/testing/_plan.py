@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, reject, settings
 from hypothesis.strategies import SearchStrategy
 from torch import nn
 
-from ..domain import DependentFactory
+from ..domain import DependentFactory, build_order
 from ..errors import RuleDefinitionError
 from ..pattern import Param
 from ..rule import Rule
@@ -317,23 +317,9 @@ def _modules(draw: Any, plan: InputPlan) -> dict[str, nn.Module]:
 
 
 def _module_order(plan: InputPlan) -> list[Param]:
-    """The module captures in the order they are drawn: the parameters' order, each factory that
-    names other captures (:class:`~fxrewrite.domain.DependentFactory`) after them (the domain
-    refuses cycles)."""
-    order: list[Param] = []
+    """The module captures in the order they are drawn (:func:`~fxrewrite.domain.build_order`)."""
     by_name = {p.name: p for p in plan.modules}
-
-    def add(param: Param) -> None:
-        if param in order:
-            return
-        source = plan.domain.modules.get(param.name)
-        for name in source.needs if isinstance(source, DependentFactory) else ():
-            add(by_name[name])
-        order.append(param)
-
-    for param in plan.modules:
-        add(param)
-    return order
+    return [by_name[name] for name in build_order(list(by_name), plan.domain.modules)]
 
 
 @_reused
