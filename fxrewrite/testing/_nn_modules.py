@@ -80,13 +80,24 @@ def fit_input_shape(module: nn.Module, shape: Sequence[int]) -> tuple[int, ...]:
         _fit_conv(module, out)
     elif isinstance(module, nn.modules.batchnorm._BatchNorm) and rank >= 2:
         out[1] = module.num_features
-    elif isinstance(module, nn.modules.instancenorm._InstanceNorm) and rank >= 2:
-        out[-len(out) + (1 if rank > 2 else 0)] = module.num_features
+    elif isinstance(module, nn.modules.instancenorm._InstanceNorm):
+        _fit_instance_norm(module, out)
     elif isinstance(module, nn.LayerNorm) and rank >= len(module.normalized_shape):
         out[rank - len(module.normalized_shape):] = list(module.normalized_shape)
     elif isinstance(module, nn.GroupNorm) and rank >= 2:
         out[1] = module.num_channels
     return tuple(out)
+
+
+def _fit_instance_norm(module: nn.modules.instancenorm._InstanceNorm, out: list[int]) -> None:
+    """Channels at 1 of a batched input (N, C, *spatial), at 0 of an unbatched one; normalized
+    over its own elements (no running statistics), an instance needs more than one of them."""
+    unbatched = module._get_no_batch_dim()  # C and the spatial dimensions
+    if len(out) not in (unbatched, unbatched + 1):
+        return
+    out[len(out) - unbatched] = module.num_features
+    if not module.track_running_stats:
+        out[-1] = max(out[-1], 2)
 
 
 def _fit_conv(module: nn.modules.conv._ConvNd, out: list[int]) -> None:
