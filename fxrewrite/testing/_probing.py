@@ -14,9 +14,10 @@ import torch
 from hypothesis.strategies import SearchStrategy
 from torch import nn
 
+from ..domain import DependentFactory
 from ..pattern import Param
 from ._nn_modules import default_module
-from ._plan import _STRING_LITERALS, InputPlan, _base_shape, _Config, _index_literals, accepts
+from ._plan import _STRING_LITERALS, InputPlan, _base_shape, _Config, _index_literals, _module_order, accepts
 from ._running import _seeded, call_rule_function
 from ._values import _unique
 
@@ -50,15 +51,19 @@ def _probe_tensor(dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
 
 
 def _probe_modules(plan: InputPlan, width: int) -> dict[str, nn.Module]:
-    out = {}
-    for param in plan.modules:
+    """One module per module capture, built in :func:`_module_order` (a factory that names other
+    captures receives the modules built for them); ``{}`` when one is drawn from a strategy."""
+    out: dict[str, nn.Module] = {}
+    for param in _module_order(plan):
         source = plan.domain.modules.get(param.name)
         if isinstance(source, SearchStrategy):
             return {}
         make: Callable[[], Any] = source if source is not None else functools.partial(
             default_module, param.annotation, width=width, kernel=1, bias=True)
+        if isinstance(source, DependentFactory):
+            make = functools.partial(source, **{name: out[name] for name in source.needs})
         out[param.name] = _seeded(0, make)
-    return out
+    return {p.name: out[p.name] for p in plan.modules}
 
 
 def _probe(plan: InputPlan) -> tuple[tuple[_Config, ...], str | None]:
