@@ -87,11 +87,7 @@ class _TensorState:
 
     def changed(self) -> str | None:
         """How the tensor changed since, or ``None``."""
-        try:
-            bumped = self.tensor._version != self.version
-        except RuntimeError:  # an inference tensor (see _version)
-            bumped = False
-        if bumped:
+        if _version(self.tensor) != self.version:  # (an inference tensor has none: None both times)
             return _BUMPED
         if self.moved():
             return _SWAPPED

@@ -255,7 +255,7 @@ def _modules_for(rule: Rule, width: int) -> dict[str, nn.Module] | None:
         source = declared.get(param.name)
         try:
             if isinstance(source, DependentFactory):  # fitted to the modules built for the captures it names
-                module = source(**{name: out[name] for name in source.needs})
+                module = source(**out)
             elif callable(source):
                 module = source()
             else:

@@ -194,7 +194,8 @@ class DependentFactory:
     nn.BatchNorm2d(conv.out_channels)``): the checker draws those first and passes each, by
     name, so that the modules fit together by construction instead of by luck (a conv and a
     BatchNorm drawn apart matched in a third of the draws). Called without them (as code that
-    builds one module at a time does), it builds each from its own factory in ``declared`` first."""
+    builds one module at a time does), it builds each from its own factory in ``declared`` first;
+    modules given for captures it does not name are ignored, so a caller may pass all it built."""
 
     make: Callable[..., Any]
     needs: tuple[str, ...]

@@ -304,14 +304,12 @@ class _Candidates:
         rules, indexed = self.by_level[level], self.indexed_keys[level]
         keys = node_keys(node)
         if len(keys) == 1:
-            if keys[0] in indexed:
-                self.asked = self.index[level]
-                return self.asked.candidates(node)
-            return rules.get(keys[0], ())
-        if any(key in indexed for key in keys):
-            self.asked = self.index[level]
-            return self.asked.candidates(node)
-        return [r for key in keys for r in rules.get(key, ())]
+            if keys[0] not in indexed:
+                return rules.get(keys[0], ())
+        elif not any(key in indexed for key in keys):
+            return [r for key in keys for r in rules.get(key, ())]
+        self.asked = self.index[level]
+        return self.asked.candidates(node)
 
     def left_out(self) -> dict[str, int]:
         """Per rule, the attempts the plain search would have counted that the index saved."""

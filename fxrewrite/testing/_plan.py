@@ -306,7 +306,7 @@ def _modules(draw: Any, plan: InputPlan) -> dict[str, nn.Module]:
             make = source if source is not None else functools.partial(
                 default_module, param.annotation, width=width, kernel=kernel, bias=bias, attributes=attributes)
             if isinstance(source, DependentFactory):  # the modules it names, drawn before it
-                make = functools.partial(source, **{name: out[name] for name in source.needs})
+                make = functools.partial(source, **out)
             module = _seeded(seed, make)
         if not isinstance(module, param.annotation):
             raise RuleDefinitionError(

@@ -61,7 +61,7 @@ def _probe_modules(plan: InputPlan, width: int) -> dict[str, nn.Module]:
         make: Callable[[], Any] = source if source is not None else functools.partial(
             default_module, param.annotation, width=width, kernel=1, bias=True)
         if isinstance(source, DependentFactory):
-            make = functools.partial(source, **{name: out[name] for name in source.needs})
+            make = functools.partial(source, **out)
         out[param.name] = _seeded(0, make)
     return {p.name: out[p.name] for p in plan.modules}
 
