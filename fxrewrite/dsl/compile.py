@@ -22,6 +22,7 @@ reachable: loading a rule file runs no code from it (see "Trust model" in docs/d
 from __future__ import annotations
 
 import difflib
+import inspect
 import keyword
 import math
 import operator
@@ -404,20 +405,33 @@ class _Declarations:
     def _constant(self, expr: ast.Expr) -> Any:
         return _Compiler(self.ctx, "declaration", ()).compile_side(expr)(_Frame({}))
 
-    def _factory(self, setting: ast.Setting) -> Callable[[], Any]:
-        body = _Compiler(self.ctx, "module", ()).compile_side(setting.value)
+    def _factory(self, setting: ast.Setting) -> Callable[..., Any]:
+        """``domain bn = nn.BatchNorm2d(conv.out_channels)``: a factory that may read the rule's
+        other module captures; it names those it reads, and the checker builds them first and
+        passes them (fxrewrite.domain.DependentFactory)."""
+        others = [p for p in self.params if p != setting.name and self.ctx.kind(p) == "module"]
+        compiler = _Compiler(self.ctx, "module", others)
+        body = compiler.compile_side(setting.value)
         text = f"{setting.name} = ... ({self.ctx.src.name}:{setting.span.line})"
-        return _ModuleFactory(body, text)
+        return _ModuleFactory(body, text, tuple(compiler.variables))
 
 
 class _ModuleFactory:
-    """``domain conv = nn.Conv2d(...)``: builds the module each time the property test asks."""
+    """``domain conv = nn.Conv2d(...)``: builds the module each time the property test asks. Its
+    signature names the other module captures the line reads (keyword-only, no default), which
+    is how fxrewrite.domain.factory_needs knows to draw them first."""
 
-    def __init__(self, body: Closure, text: str) -> None:
-        self._body, self._text = body, text
+    def __init__(self, body: Closure, text: str, needs: tuple[str, ...] = ()) -> None:
+        self._body, self._text, self._needs = body, text, needs
+        self.__signature__ = inspect.Signature(
+            [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY) for name in needs])
 
-    def __call__(self) -> Any:
-        return self._body(_Frame({}))
+    def __call__(self, **modules: Any) -> Any:
+        missing = [name for name in self._needs if name not in modules]
+        if missing:
+            raise TypeError(f"the module factory 'domain {self._text}' builds its module from the module "
+                            f"drawn for {', '.join(repr(m) for m in missing)}; pass it by name")
+        return self._body(_Frame({name: modules[name] for name in self._needs}))
 
     def __repr__(self) -> str:
         return f"<module factory 'domain {self._text}'>"
@@ -669,9 +683,8 @@ class _NameCompiler(_CompilerBase):
         check_new_name(self.ctx.src, node.span, name, what="a variable", scope=None, context=self.ctx.context)
         if not name[0].islower():
             raise self.ctx.error(node.span, self._unknown_name(name))
-        if self.side in _DECLARATION_SIDES:
-            raise self.ctx.error(node.span, f"a {self._side_name()} is built from constants and names in scope; it "
-                                            f"cannot read '{name}' (not a name in scope, so a variable of the rule).")
+        if self.side == "declaration" or (self.side == "module" and name not in (self.params or ())):
+            raise self.ctx.error(node.span, self._unreadable_variable(name))
         if self.side == "pattern":
             self.variables.setdefault(name)
         elif name not in (self.params or ()):
@@ -681,6 +694,17 @@ class _NameCompiler(_CompilerBase):
         else:
             self.variables.setdefault(name)
         return lambda frame: frame.values[name]
+
+    def _unreadable_variable(self, name: str) -> str:
+        what = (f"a {self._side_name()} is built from constants and names in scope; it cannot read '{name}' "
+                f"(not a name in scope, so a variable of the rule)")
+        if self.side != "module":
+            return what + "."
+        if self.ctx.kind(name) == "module":  # only the capture the line builds is left out of params
+            return (f"the {self._side_name()} cannot read '{name}', the module it builds; build it from constants "
+                    f"or from the rule's other module captures.")
+        return (f"{what}; besides those it may read the rule's other module captures "
+                f"({', '.join(self.params or ()) or 'this rule has none'}).")
 
     def _unknown_name(self, name: str) -> str:
         close = difflib.get_close_matches(name, list(self.ctx.scope.roots), n=3)

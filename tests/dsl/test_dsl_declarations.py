@@ -157,6 +157,56 @@ def test_a_module_factory_may_call_but_not_read_variables():
     assert "cannot read 'x'" in refused(text)
 
 
+CONV_BN = '''
+rule fold "Folds an eval-mode BatchNorm into the conv before it":
+    bn(conv(x)) => fuse(conv, bn)(x)
+    where conv: nn.Conv2d, bn: nn.BatchNorm2d
+    where not conv.training and not bn.training
+    tolerance rtol=1e-4, atol=1e-5
+    domain dtypes=(torch.float32,), ranks=(4, 4)
+    domain conv = make_conv()
+    domain bn = nn.BatchNorm2d(conv.out_channels).eval()
+'''
+
+
+def test_a_module_factory_may_read_the_other_module_captures_which_are_drawn_first():
+    from torch.nn.utils.fusion import fuse_conv_bn_eval
+
+    from fxrewrite.domain import DependentFactory
+    from fxrewrite.testing import check_rule
+
+    widths = iter([2, 3, 5] * 100)
+    built: list[nn.Conv2d] = []
+
+    def make_conv():
+        built.append(nn.Conv2d(3, next(widths), 1).eval())
+        return built[-1]
+
+    (rule,) = parse_rules(CONV_BN, source="fold.fxr", names={"fuse": fuse_conv_bn_eval, "make_conv": make_conv})
+    factory = rule.domain.modules["bn"]
+    assert isinstance(factory, DependentFactory) and factory.needs == ("conv",)
+    assert factory(conv=nn.Conv2d(1, 7, 1)).num_features == 7  # the module drawn for 'conv', by name
+    assert factory().num_features == 2 and len(built) == 1  # alone, it builds 'conv' from its own line first
+    result = check_rule(rule, max_examples=12)
+    assert result.ok, result.message
+    assert result.examples_run >= 12 and {c.out_channels for c in built} == {2, 3, 5}
+
+
+@pytest.mark.parametrize("lines, where, fragments", [
+    ("domain bn = nn.BatchNorm2d(bn.num_features)", "5:32", ["cannot read 'bn', the module it builds"]),
+    ("domain bn = nn.BatchNorm2d(x.shape[1])", "5:32",
+     ["cannot read 'x'", "it may read the rule's other module captures (conv)"]),
+    ("domain conv = nn.Conv2d(bn.num_features, 4, 1)\n    domain bn = nn.BatchNorm2d(conv.out_channels)", "6:12",
+     ["name each other in a cycle ('conv' -> 'bn' -> 'conv')", "make one of them build its module without"]),
+])
+def test_a_module_factory_reading_what_it_cannot_receive_is_refused_at_its_line(lines, where, fragments):
+    text = "rule r:\n    bn(conv(x)) => bn(conv(x))\n    where conv: nn.Conv2d\n    where bn: nn.BatchNorm2d\n"
+    message = refused(text + f"    {lines}\n")
+    assert message.startswith(f"decl.fxr:{where}: rule 'r': "), message
+    for fragment in fragments:
+        assert fragment in message, message
+
+
 def test_a_setting_given_twice_on_one_line_is_a_syntax_error():
     with pytest.raises(RuleSyntaxError, match="'rtol' is set twice on this line"):
         parse_rules(BASE + "    tolerance rtol=1e-3, rtol=1e-4\n")
