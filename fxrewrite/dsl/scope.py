@@ -24,6 +24,7 @@ import difflib
 import keyword
 import math
 import operator
+import re
 import types
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -151,11 +152,33 @@ def state_change(name: str) -> str | None:
             return why
     if "set_state" in name or ("seed" in name and name != "initial_seed"):
         return "it changes the random number generator's state"
-    if "register" in name:
+    if any(_registers(part) for part in _name_parts(name)):
         return "it registers something process-wide (a hook, a handler, a type) that stays behind"
     if name.endswith("Guard"):
         return "a guard object changes thread-local dispatch state while it lives"
     return None
+
+
+#: The words of a name: runs of letters, split where a lower-case letter meets a capital.
+_NAME_PART = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+")
+#: Forms of the verb "register" a name part may start with: registering and undoing it.
+_REGISTER_STEMS = ("register", "unregister", "deregister", "reregister")
+
+
+def _name_parts(name: str) -> tuple[str, ...]:
+    """The lower-case words of ``name``: split on ``_``, ``.``, digits and camel-case humps.
+
+    >>> _name_parts("_register_forward_hook"), _name_parts("registerOp2"), _name_parts("preregistered_gemm")
+    (('register', 'forward', 'hook'), ('register', 'op'), ('preregistered', 'gemm'))
+    """
+    return tuple(part.lower() for part in _NAME_PART.findall(name))
+
+
+def _registers(part: str) -> bool:
+    """Whether the word ``part`` is a form of "register" or of undoing it (``registered``,
+    ``unregister``, ``preregister``), so that a name holding it may register something.
+    ``preregistered`` (what a custom op's name may say of itself) is not."""
+    return part.startswith(_REGISTER_STEMS) or part.endswith("register")
 
 
 def located_error(src: ast.SourceText, span: ast.Span, message: str) -> RuleDefinitionError:

@@ -174,6 +174,42 @@ def test_state_change_names_what_changes_process_state(name, changes):
     assert (state_change(name) is not None) is changes
 
 
+@pytest.mark.parametrize("name", [
+    "register_buffer", "register_forward_hook", "register_module", "register_hook", "_register_pytree_node",
+    "register", "registerOp", "_RegisterFn", "REGISTER_HOOK", "register2_hook", "registered_hop_fake_fns",
+    "is_registered", "unregister_callback", "deregister_fake_class", "_cleanup_and_reregister_graph",
+    "gds_register_buffer", "pytree_register_structseq", "torch.nn.Module.register_buffer", "preregister_op",
+])
+def test_every_form_of_register_in_a_name_part_is_a_state_change(name):
+    assert state_change(name) is not None
+
+
+@pytest.mark.parametrize("name", ["preregistered_gemm", "mylib.preregistered_gemm", "registry_lookup"])
+def test_a_name_that_only_contains_register_inside_a_word_is_no_state_change(name):
+    assert state_change(name) is None
+
+
+def test_every_name_holding_register_in_torchs_main_modules_is_still_refused():
+    # the rule by name parts refuses all that the old substring rule did, in the modules rule files reach
+    objects = (torch, torch.nn, torch.nn.Module, torch.nn.modules.module, torch.Tensor, torch.autograd,
+               torch.autograd.graph, torch.optim.Optimizer, torch.library, torch.fx.Graph, torch.utils.hooks)
+    names = {name for obj in objects for name in dir(obj) if "register" in name}
+    assert len(names) > 20 and "register_forward_hook" in names
+    assert sorted(name for name in names if state_change(name) is None) == []
+
+
+def test_a_custom_op_named_preregistered_is_reached_from_a_rule_file():
+    scope = Scope.build(None, None)
+    assert scope.check(("torch", "ops", "fxrewrite_test_scope_ns", "preregistered_gemm")) is DEFERRED
+    library = torch.library.Library("fxrewrite_test_scope_reg", "DEF")
+    library.define("preregistered_gemm(Tensor a, Tensor b) -> Tensor")
+    library.define("register_gemm(Tensor a, Tensor b) -> Tensor")
+    assert str(scope.lookup(("torch", "ops", "fxrewrite_test_scope_reg", "preregistered_gemm"))) == \
+        "fxrewrite_test_scope_reg.preregistered_gemm"
+    error = refused(scope, ("torch", "ops", "fxrewrite_test_scope_reg", "register_gemm"))
+    assert "changes torch's global state" in str(error)
+
+
 def test_reachable_allows_torch_math_and_operator_and_plain_data_only():
     assert all(reachable(v) for v in (torch.relu, torch.nn.Linear, math.sqrt, operator.add, 3, "s", None, torch))
     assert not any(reachable(v) for v in (torch.load, torch.jit, torch.cuda, print, pytest, torch.utils))
