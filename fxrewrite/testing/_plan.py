@@ -30,6 +30,7 @@ from ..pattern import Param
 from ..rule import Rule
 from ._domain import Domain
 from ._nn_modules import default_module, fit_input_shape
+from ._reproducible import own_constants_only
 from ._running import GuardHarness, GuardRaised, _guard_name, _seeded, call_rule_function
 from ._sizes import SizedOp, fitting_sizes, sized_ops
 from ._values import _as_strategy, _build_tensor, _non_contiguous, _unique, _value_lists
@@ -890,7 +891,8 @@ def admits_inputs(plan: InputPlan, tries: int = 2 * MAX_LAYOUT_TRIES) -> bool:
                     phases=(Phase.generate,), suppress_health_check=list(HealthCheck),
                     verbosity=Verbosity.quiet)(given(_accepted_layouts(plan))(body))
     try:
-        test()
+        with own_constants_only():
+            test()
     except _Admitted:
         return True
     return False

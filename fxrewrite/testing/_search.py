@@ -37,6 +37,7 @@ from ..rule import Rule
 from ._evaluation import PatternRaised, evaluate
 from ._plan import InputPlan, admits_inputs
 from ._report import KEY_ORDER, CheckContext, Counterexample
+from ._reproducible import own_constants_only
 
 if sys.version_info >= (3, 11):
     from builtins import BaseExceptionGroup
@@ -119,7 +120,7 @@ class Search:
         )(test)
         if seed is not None:
             test = hypothesis_seed(seed)(test)
-        with one_thread():
+        with one_thread(), own_constants_only():
             test()
 
 
