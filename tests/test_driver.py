@@ -221,7 +221,7 @@ def test_a_sorted_fill_pops_what_the_one_heap_pops(monkeypatch):
     assert popped[True][0] == 24 and ("relu_8", 0) in popped[True] and ("neg", 1) in popped[True]
 
 
-@pytest.mark.parametrize("flag", ["SORTED_FILL", "FAST_MODULE_ANCHOR", "PRUNED_REQUEUE"])
+@pytest.mark.parametrize("flag", ["SORTED_FILL", "FAST_MODULE_ANCHOR", "PRUNED_REQUEUE", "SCREENED"])
 def test_the_drivers_fast_paths_make_the_graph_and_the_report_their_slow_twins_make(monkeypatch, flag):
     """Each fast path of the driver against its slow twin (the flag off): the same code and the
     same report (applied, attempts, rejected and why) on the library's programs."""
@@ -366,3 +366,63 @@ def test_the_keys_a_respelled_node_gains_are_those_the_driver_knows():
     assert len(respelled) >= 6
     for node in respelled:
         assert node_keys(node)[0] in _RESPELLED_KEYS or mutation(node) is not None, node.format_node()
+
+
+def test_rules_screened_by_their_anchors_input_keys_make_what_the_pre_check_per_rule_makes(monkeypatch):
+    """``SCREENED``: the anchor-input pre-check run once per op key and set of input keys, the
+    rules it refuses counted in bulk, makes the code and the report (attempts included) that
+    pre-checking each rule at each visit makes: with rules screened out before the one that fires
+    (``neg_neg`` before ``neg_inward``) and after it, visits where none fires, and a rule that
+    settles the nodes it produces (the screens stand aside from then on)."""
+    from _helpers import assert_rewrite_sound
+
+    import fxrewrite.driver as driver
+    from fxrewrite import rewrite
+
+    swap = Rule.from_functions(lambda x, y: torch.sin(x) + y, lambda x, y: y + torch.sin(x), name="add_swap")
+    screened = {"misses": 0, "fired": 0}
+    real_fired = driver._Screen.fired
+
+    def fired(self, rule, tallies):
+        screened["fired"] += any(i < self._places[rule.name] for i, _ in self.screened_out)
+        return real_fired(self, rule, tallies)
+
+    monkeypatch.setattr(driver._Screen, "fired", fired)
+    for rules in (RuleSet(_ODD_THEN_EVEN), RuleSet([*_ODD_THEN_EVEN, swap])):
+        for seed in range(8):
+            gm = _dag(seed)
+            results = {}
+            for fast in (False, True):
+                monkeypatch.setattr(driver, "SCREENED", fast)
+                results[fast] = rewrite(gm, rules)
+                assert_rewrite_sound(gm, results[fast], X)
+            assert results[True].code == results[False].code, seed
+            for what in ("applied", "attempts", "rejected", "reasons"):
+                assert dict(getattr(results[True].report, what)) == dict(getattr(results[False].report, what)), seed
+            probe = Driver(copy.deepcopy(gm), rules, budget=1000, debug=True)
+            probe.run()
+            screened["misses"] += sum(probe.rules.screened_out().values())
+    assert screened["misses"] > 0 and screened["fired"] > 0, screened
+
+
+def test_a_screened_out_rule_is_not_counted_at_a_node_it_settled(monkeypatch):
+    """A rule that reproduced its own match (``F.relu(neg(x)) => torch.relu(neg(x))``) is not
+    tried, nor counted, at the node it produced, also once that node's input changed (a
+    deletion below it) so that the rule's pre-check would screen it out: the screens stand aside
+    while some rule has settled a node, and the report is the one of the pre-check per rule."""
+    import fxrewrite.driver as driver
+    from fxrewrite import rewrite
+
+    respell = Rule.from_functions(lambda x: torch.nn.functional.relu(torch.neg(x)), lambda x: torch.relu(torch.neg(x)),
+                                  name="respell", priority=10)
+    rules = RuleSet([respell, _ODD_THEN_EVEN[0]])
+    gm = fx.symbolic_trace(lambda a: torch.relu(torch.neg(torch.neg(torch.sin(a)))))
+    reports = {}
+    for fast in (False, True):
+        monkeypatch.setattr(driver, "SCREENED", fast)
+        result = rewrite(gm, rules)
+        torch.testing.assert_close(result.module(X), gm(X))
+        result.module.graph.lint()
+        reports[fast] = result.report
+    assert reports[True].applied == reports[False].applied == {"respell": 1, "neg_neg": 1}
+    assert reports[True].attempts == reports[False].attempts
