@@ -33,6 +33,8 @@ from typing import Any
 import attrs
 import torch
 from torch.fx.node import Node
+from torch.nn.modules import module as module_module
+from torch.nn.utils import parametrize
 
 from . import _torch
 from .canon import (
@@ -695,9 +697,10 @@ class _NodeFacts:
 
 
 class _Program:
-    """A choice-free pattern compiled for :class:`_CompiledWalk` and its soundness check: per
-    pattern node, its parameter or its :class:`_NodeFacts`; the nodes a match computes; the
-    parameters with their placeholders."""
+    """A choice-free pattern compiled for :class:`_CompiledWalk` and its soundness check (or a
+    one-output pattern calling module captures, compiled for its closures only): per pattern
+    node, its parameter or its :class:`_NodeFacts`; the nodes a match computes; the parameters
+    with their placeholders."""
 
     __slots__ = ("__weakref__", "computed", "facts", "output", "params", "placeholders", "tree")
 
@@ -708,9 +711,10 @@ class _Program:
         self.computed = tuple(pn for pn in pattern.inner_nodes
                               if pn not in pattern.value_nodes or pn in pattern.outputs)
         self.placeholders = tuple((param, pattern.placeholders[param.name]) for param in pattern.params)
-        #: The one output (only choice-free patterns, which have one, are compiled).
+        #: The one output (only patterns with one are compiled).
         self.output: Node = pattern.outputs[0]
-        #: The pattern as a chain of closures, when it is a tree of plain calls (:func:`_tree_matcher`).
+        #: The pattern as a chain of closures, when it is a tree of plain calls and module
+        #: captures' calls (:func:`_tree_matcher`).
         self.tree = _tree_matcher(pattern, self)
 
 
@@ -720,32 +724,48 @@ class _Program:
 #: walk; ``False`` is the slow twin, the compiled walk at every try (``tests/test_match.py`` checks
 #: both find the same matches). delete dag 8k: neg(neg(x)) at the outer negs 7.5 -> ~5 us.
 FAST_TREES = True
-_FALLBACK: Any = object()  # the tree matcher cannot tell: the compiled walk decides
-_Step = Callable[[Any, dict[Node, Any]], Any]  # True, False, or _FALLBACK
+#: Match a tree pattern that calls module captures (``bn(conv(x))``; not choice-free: an identity
+#: module between the calls could be matched or looked through) by the same closures, handing
+#: every graph where the search could take another path to it; ``False`` is the slow twin, the
+#: search (:class:`_Search`) at every try (``tests/test_match.py`` checks both find the same
+#: matches and refuse the same modules: classes, hooks, subclasses, missing submodules). modules
+#: chain 8k: conv_bn_fold at a BatchNorm 27 -> ~7 us.
+FAST_MODULE_TREES = True
+_FALLBACK: Any = object()  # the tree matcher cannot tell: the compiled walk (or for module patterns the search) decides
+_Modules = Mapping[str, torch.nn.Module]
+_Step = Callable[[Any, dict[Node, Any], _Modules], Any]  # True, False, or _FALLBACK
+_Tree = Callable[[Node, _Modules], Any]  # a Match, None, or _FALLBACK
 
 
-def _tree_matcher(pattern: Pattern, program: _Program) -> Callable[[Node], Any] | None:
+def _tree_matcher(pattern: Pattern, program: _Program) -> _Tree | None:
     """For a pattern whose operations are plain calls (compared as written, no keywords, not
-    commutative), each used once, each variable a tensor read once, its literals scalars: a
-    function of an anchor returning the :class:`Match`, ``None`` (no match), or ``_FALLBACK``.
-    It takes the compiled walk's steps in its order and :func:`_compiled_sound_match`'s checks,
-    and falls back wherever those would take a path it does not have."""
+    commutative) or calls of module captures (positional arguments only, each capture called
+    once), each used once, each variable a tensor read once, its literals scalars: a function of
+    an anchor (and the graph's submodules by path) returning the :class:`Match`, ``None`` (no
+    match), or ``_FALLBACK``. It takes the compiled walk's steps in its order (for a module call,
+    :meth:`_Search.module`'s) and :func:`_sound_match`'s checks, and falls back wherever those
+    would take a path it does not have."""
     if (pattern.is_multi_output or pattern.value_nodes or pattern.identities or pattern.commutative
-            or any(p.kind != "tensor" for p in pattern.params)):
+            or any(p.kind not in ("tensor", "module") for p in pattern.params)):
         return None
     read = [a for pn in pattern.inner_nodes for a in (*pn.args, *pn.kwargs.values())]
     nodes_read = [a for a in read if isinstance(a, Node)]
-    if (len(set(nodes_read)) != len(nodes_read) or set(pattern.placeholders.values()) - set(nodes_read)
+    tensors = {placeholder for param, placeholder in program.placeholders if param.kind == "tensor"}
+    captures = set(pattern.placeholders.values()) - tensors
+    called = [str(pn.target) for pn in pattern.inner_nodes if pn.op == "call_module"]
+    if (len(set(nodes_read)) != len(nodes_read) or tensors - set(nodes_read) or captures & set(nodes_read)
+            or len(set(called)) != len(called)
             or any(not isinstance(a, Node) and type(a) not in (int, float, bool, str, type(None)) for a in read)
-            or not all(program.facts[pn].simple and program.facts[pn].inline for pn in pattern.inner_nodes)):
+            or not all(_tree_operation(pn, program) for pn in pattern.inner_nodes)):
         return None
     step = _tree_step(pattern.anchor, program)
-    placeholders = tuple((param.name, placeholder) for param, placeholder in program.placeholders)
+    placeholders = tuple((param.name, placeholder, param.kind == "module")
+                         for param, placeholder in program.placeholders)
     computed, output = program.computed, program.output
 
-    def match(anchor: Node) -> Any:
+    def match(anchor: Node, modules: _Modules) -> Any:
         p2g: dict[Node, Any] = {}
-        found = step(anchor, p2g)
+        found = step(anchor, p2g, modules)
         if found is not True:
             return None if found is False else found
         inner = {p2g[pn]: pn for pn in computed}
@@ -754,21 +774,35 @@ def _tree_matcher(pattern: Pattern, program: _Program) -> Callable[[Node], Any] 
             if gn is not out:
                 for user in gn.users:
                     if user not in inner:
-                        return _FALLBACK  # (absorbable or not: _compiled_sound_match decides)
-        bindings = {}
-        for name, placeholder in placeholders:
-            if p2g[placeholder] in inner:
+                        return _FALLBACK  # (absorbable or not: _sound_match decides)
+        bindings: dict[str, Any] = {}
+        module_paths: dict[str, str] = {}
+        for name, placeholder, is_module in placeholders:
+            value = p2g[placeholder]
+            if is_module:
+                module_paths[name] = value
+                value = modules[value]
+            elif value in inner:
                 return None
-            bindings[name] = p2g[placeholder]
-        return Match(pattern, bindings, _in_graph_order(list(inner)), (out,), anchor, {}, p2g)
+            bindings[name] = value
+        return Match(pattern, bindings, _in_graph_order(list(inner)), (out,), anchor, module_paths, p2g)
 
     return match
+
+
+def _tree_operation(pn: Node, program: _Program) -> bool:
+    """Can the closures match the pattern operation ``pn``: a plain call compared as written, or
+    a call of a module capture annotated with a class, with positional arguments only?"""
+    if pn.op != "call_module":
+        return program.facts[pn].simple and program.facts[pn].inline
+    param = next((p for p, _ in program.placeholders if p.name == pn.target), None)
+    return param is not None and param.kind == "module" and isinstance(param.annotation, type) and not pn.kwargs
 
 
 def _tree_step(pn: Node, program: _Program) -> _Step:
     """The closure matching the pattern node ``pn`` (and what it reads) at a graph value."""
     if pn in program.params:
-        def variable(gv: Any, p2g: dict[Node, Any]) -> Any:  # _Steps.variable_value of a tensor variable
+        def variable(gv: Any, p2g: dict[Node, Any], modules: _Modules) -> Any:  # _Steps.variable_value of a tensor
             if type(gv) is not Node:
                 return _FALLBACK
             if result_kind(gv) not in ("tensor", "unknown"):
@@ -776,11 +810,13 @@ def _tree_step(pn: Node, program: _Program) -> _Step:
             p2g[pn] = through_identities(gv) if may_be_identity(gv) else gv  # (the cheap test first)
             return True
         return variable
+    if pn.op == "call_module":
+        return _module_call_step(pn, program)
     facts = program.facts[pn]
     key, target, arity, looks_through = facts.key, pn.target, facts.arity, facts.looks_through
-    reads = tuple((i, _tree_step(a, program) if isinstance(a, Node) else None, a) for i, a in enumerate(pn.args))
+    reads = _tree_reads(pn, program)
 
-    def operation(gv: Any, p2g: dict[Node, Any]) -> Any:  # _CompiledWalk.straight_node of a plain call
+    def operation(gv: Any, p2g: dict[Node, Any], modules: _Modules) -> Any:  # _CompiledWalk.straight_node of a call
         if type(gv) is not Node and not isinstance(gv, Node):
             return False
         keys = node_keys(gv)
@@ -792,15 +828,57 @@ def _tree_step(pn: Node, program: _Program) -> _Step:
         if len(keys) != 1 or gv.kwargs or len(g_args) != arity or gv.target != target:
             return _FALLBACK
         p2g[pn] = gv
-        for i, step, literal in reads:
-            if step is not None:
-                found = step(g_args[i], p2g)
-                if found is not True:
-                    return found
-            elif isinstance(g_args[i], Node) or not same_literal(literal, g_args[i]):
-                return False
-        return True
+        return _tree_arguments(reads, g_args, p2g, modules)
     return operation
+
+
+def _module_call_step(pn: Node, program: _Program) -> _Step:
+    """The closure matching the call of a module capture ``pn`` (``conv(x)``) at a graph value:
+    :meth:`_Search.operation` and :meth:`_Search.module` of such a call, which take another path
+    only where the graph value is an identity to look through (handed over)."""
+    param, capture = next((p, placeholder) for p, placeholder in program.placeholders if p.name == pn.target)
+    facts = program.facts[pn]
+    key, arity, looks_through, cls = facts.key, facts.arity, facts.looks_through, param.annotation
+    reads = _tree_reads(pn, program)
+
+    def module_call(gv: Any, p2g: dict[Node, Any], modules: _Modules) -> Any:
+        if type(gv) is not Node and not isinstance(gv, Node):
+            return False
+        if looks_through and may_be_identity(gv) and identity_source(gv) is not None:  # (the cheap test first)
+            return _FALLBACK
+        if key not in node_keys(gv):
+            return False
+        g_args = gv.args
+        if gv.kwargs or len(g_args) != arity:
+            return _FALLBACK
+        module = modules.get(str(gv.target))
+        if not isinstance(module, cls) or module_refusal(module, param) is not None:
+            return False
+        p2g[pn] = gv
+        p2g[capture] = gv.target
+        return _tree_arguments(reads, g_args, p2g, modules)
+    return module_call
+
+
+_Reads = tuple[tuple[int, "_Step | None", Any], ...]
+
+
+def _tree_reads(pn: Node, program: _Program) -> _Reads:
+    """Per positional argument of ``pn``: its position, the closure matching it (``None`` for a
+    literal) and the pattern's value."""
+    return tuple((i, _tree_step(a, program) if isinstance(a, Node) else None, a) for i, a in enumerate(pn.args))
+
+
+def _tree_arguments(reads: _Reads, g_args: tuple[Any, ...], p2g: dict[Node, Any], modules: _Modules) -> Any:
+    """Match a call's arguments ``g_args`` by its ``reads`` (:func:`_tree_reads`), in order."""
+    for i, step, literal in reads:
+        if step is not None:
+            found = step(g_args[i], p2g, modules)
+            if found is not True:
+                return found
+        elif isinstance(g_args[i], Node) or not same_literal(literal, g_args[i]):
+            return False
+    return True
 
 
 _programs: weakref.WeakKeyDictionary[Pattern, _Program] = weakref.WeakKeyDictionary()
@@ -938,9 +1016,10 @@ def matcher(pattern: Pattern, owner: torch.nn.Module | None, *, modules: Mapping
             candidates: Callable[[Any], Iterable[Node]] | None = None) -> Callable[[Node], Iterable[Match]]:
     """``match_at(pattern, anchor, owner, modules=modules, candidates=candidates)`` as a function of
     ``anchor``, with the same matches, for a caller that tries one pattern at many anchors (the
-    driver keeps one per rule): a tree pattern's closures (:data:`FAST_TREES`, read here) are
-    called directly, without a generator per try or a look-up of the pattern's compiled form;
-    where they hand over, the compiled walk goes on without trying them again.
+    driver keeps one per rule): a tree pattern's closures (:data:`FAST_TREES` and
+    :data:`FAST_MODULE_TREES`, read here) are called directly, without a generator per try or a
+    look-up of the pattern's compiled form; where they hand over, the compiled walk (or the
+    search) goes on without trying them again.
 
     >>> from fxrewrite.pattern import trace_pattern
     >>> gm = torch.fx.symbolic_trace(lambda a: torch.neg(torch.neg(a)))
@@ -949,16 +1028,29 @@ def matcher(pattern: Pattern, owner: torch.nn.Module | None, *, modules: Mapping
     >>> [m.bindings for m in matcher(pattern, gm, modules={})(outer)]
     [{'x': a}]
     """
-    tree = _program(pattern).tree if pattern.choice_free and COMPILED and FAST_TREES else None
+    tree = _tree_for(pattern, _DEFAULTS)
     if tree is None:
         return lambda anchor: match_at(pattern, anchor, owner, modules=modules, candidates=candidates)
 
     def at(anchor: Node) -> Iterable[Match]:
-        found = tree(anchor)
+        found = tree(anchor, modules)
         if found is _FALLBACK:
             return _matches(pattern, anchor, modules, _DEFAULTS, candidates, None, trees=False)
         return () if found is None else (found,)
     return at
+
+
+def _tree_for(pattern: Pattern, options: MatchOptions) -> _Tree | None:
+    """The closures matching ``pattern`` (:func:`_tree_matcher`) with these ``options``, when its
+    fast path is on (:data:`FAST_TREES` with :data:`COMPILED` for a choice-free pattern,
+    :data:`FAST_MODULE_TREES` for one calling module captures); else ``None``."""
+    if not (options is _DEFAULTS or options == _DEFAULTS):
+        return None
+    if pattern.choice_free:
+        return _program(pattern).tree if COMPILED and FAST_TREES else None
+    if FAST_MODULE_TREES and not pattern.is_multi_output and pattern.module_captures:
+        return _program(pattern).tree
+    return None
 
 
 def _matches(pattern: Pattern, anchor: Node, modules: Mapping[str, torch.nn.Module], options: MatchOptions,
@@ -966,16 +1058,17 @@ def _matches(pattern: Pattern, anchor: Node, modules: Mapping[str, torch.nn.Modu
              trees: bool) -> Iterator[Match]:
     """:func:`match_at`'s search; ``trees``: try a tree pattern's closures first (:func:`matcher`
     tried them already when it hands over)."""
+    if trees and on_reject is None:
+        tree = _tree_for(pattern, options)
+        if tree is not None:
+            found = tree(anchor, modules)
+            if found is not _FALLBACK:
+                if found is not None:
+                    yield found
+                return
     if pattern.choice_free and on_reject is None:
         if COMPILED and (options is _DEFAULTS or options == _DEFAULTS):
-            program = _program(pattern)
-            if trees and program.tree is not None:
-                found = program.tree(anchor)
-                if found is not _FALLBACK:
-                    if found is not None:
-                        yield found
-                    return
-            walk: _StraightWalk = _CompiledWalk(pattern, modules, program, candidates)
+            walk: _StraightWalk = _CompiledWalk(pattern, modules, _program(pattern), candidates)
         else:
             walk = _StraightWalk(pattern, modules, options, candidates, record=False)
         try:  # one way to match at most: no search needed
@@ -1250,9 +1343,6 @@ def module_refusal(module: torch.nn.Module, param: Param) -> str | None:
 
 
 def _hooks(module: torch.nn.Module) -> str:
-    from torch.nn.modules import module as module_module
-    from torch.nn.utils import parametrize
-
     kinds = []
     for attribute, what in (("_forward_hooks", "forward hooks"), ("_forward_pre_hooks", "forward pre-hooks"),
                             ("_backward_hooks", "backward hooks"), ("_backward_pre_hooks", "backward pre-hooks")):

@@ -5,11 +5,13 @@ cycles), without the driver around it."""
 from __future__ import annotations
 
 import operator
+from typing import Annotated
 
 import pytest
 import torch
 import torch.fx as fx
 
+import fxrewrite
 from fxrewrite.match import Match, MatchOptions, Rejection, match_at
 from fxrewrite.pattern import trace_pattern
 
@@ -286,8 +288,8 @@ def test_tree_patterns_matched_by_closures_are_the_matches_of_the_compiled_walk(
         if tree is None:
             return None
 
-        def spy(anchor):
-            found = tree(anchor)
+        def spy(anchor, modules):
+            found = tree(anchor, modules)
             decided["handed over" if found is match._FALLBACK else "closures"] += 1
             return found
         return spy
@@ -327,3 +329,165 @@ def test_a_matcher_kept_per_pattern_finds_the_matches_of_match_at(monkeypatch):
         assert len(found) >= 4 and {"neg_neg", "relu_abs_sin", "sub_neg", "clamp_neg"} <= {m[0] for m in found}
         if trees:  # the matcher handed over without trying the closures again, and match_at tried them
             assert handed.count(False) >= 3 and handed.count(True) >= 3, handed
+
+
+# ---- module captures: the closures and their slow twin, the search ----------------------------------------------
+
+class _ScaledConv(torch.nn.Conv2d):
+    """Overrides ``forward``: a capture of ``nn.Conv2d`` must not bind it unless it accepts subclasses."""
+
+    def forward(self, x):
+        return super().forward(x) * 0.5
+
+
+class _NamedConv(torch.nn.Conv2d):
+    """Overrides nothing that computes: bound like an ``nn.Conv2d``."""
+
+    def extra_repr(self) -> str:
+        return "named " + super().extra_repr()
+
+
+class _Leaves(fx.Tracer):
+    """Keeps every module a call_module (the default tracer inlines subclasses defined here)."""
+
+    def is_leaf_module(self, m: torch.nn.Module, qualified_name: str) -> bool:
+        return True
+
+
+class _Blocks(torch.nn.Module):
+    """conv -> bn blocks, each made the way a module capture must or must not bind it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        nn = torch.nn
+        self.c_plain, self.b_plain = nn.Conv2d(2, 2, 1), nn.BatchNorm2d(2)
+        self.c_hooked, self.b_hooked = nn.Conv2d(2, 2, 1), nn.BatchNorm2d(2)  # a forward hook on the conv
+        self.c_pre, self.b_pre = nn.Conv2d(2, 2, 1), nn.BatchNorm2d(2)  # a forward pre-hook on the conv
+        self.c_bnhook, self.b_bnhook = nn.Conv2d(2, 2, 1), nn.BatchNorm2d(2)  # a hook on the BatchNorm
+        self.c_param, self.b_param = nn.Conv2d(2, 2, 1), nn.BatchNorm2d(2)  # a parametrized conv weight
+        self.c_scaled, self.b_scaled = _ScaledConv(2, 2, 1), nn.BatchNorm2d(2)  # a subclass overriding forward
+        self.c_named, self.b_named = _NamedConv(2, 2, 1), nn.BatchNorm2d(2)  # a subclass overriding no computation
+        self.c_1d, self.b_1d = nn.Conv1d(2, 2, 1), nn.BatchNorm1d(2)  # other classes, still captures' classes
+        self.lin, self.b_lin = nn.Linear(2, 2), nn.BatchNorm1d(2)
+        self.c_gone, self.b_gone = nn.Conv2d(2, 2, 1), nn.BatchNorm2d(2)  # the conv deleted after tracing
+        self.c_drop, self.drop, self.b_drop = nn.Conv2d(2, 2, 1), nn.Dropout(0.5), nn.BatchNorm2d(2)  # identity between
+        self.c_kw, self.b_kw = nn.Conv2d(2, 2, 1), nn.BatchNorm2d(2)  # the conv called with a keyword
+        self.c_shared, self.b_shared1, self.b_shared2 = nn.Conv2d(2, 2, 1), nn.BatchNorm2d(2), nn.BatchNorm2d(2)
+        self.c_used, self.b_used = nn.Conv2d(2, 2, 1), nn.BatchNorm2d(2)  # the conv's value also used outside
+        self.relu = nn.ReLU()
+
+    def forward(self, x, v):
+        out = [self.b_plain(self.c_plain(x)), self.b_hooked(self.c_hooked(x)), self.b_pre(self.c_pre(x)),
+               self.b_bnhook(self.c_bnhook(x)), self.b_param(self.c_param(x)), self.b_scaled(self.c_scaled(x)),
+               self.b_named(self.c_named(x)), self.b_gone(self.c_gone(x)), self.b_drop(self.drop(self.c_drop(x))),
+               self.b_kw(self.c_kw(input=x)), self.b_shared1(self.c_shared(x)), self.b_shared2(self.c_shared(x))]
+        used = self.c_used(x)
+        out += [self.b_used(used), used, torch.neg(self.c_plain(torch.relu(x))), self.relu(self.c_named(x)),
+                torch.relu(self.c_hooked(x))]
+        return (*out, self.b_1d(self.c_1d(v)), self.b_lin(self.lin(v[..., 0])), self.b_lin(self.c_1d(v)))
+
+
+def relu_conv(x, conv: Annotated[torch.nn.Conv2d, fxrewrite.Accept(hooks=True)]):
+    return torch.relu(conv(x))
+
+
+def neg_conv_relu(x, conv: Annotated[torch.nn.Conv2d, fxrewrite.Accept(subclasses=True)]):
+    return torch.neg(conv(torch.relu(x)))
+
+
+def relu_module_conv(x, conv: torch.nn.Conv2d, relu: torch.nn.ReLU):
+    return relu(conv(x))
+
+
+def hooked_bn_conv(x, conv: Annotated[torch.nn.Conv2d, fxrewrite.Accept(hooks=True)],
+                   bn: Annotated[torch.nn.BatchNorm2d, fxrewrite.Accept(hooks=True)]):
+    return bn(conv(x))
+
+
+def _module_rules():
+    """The library's module rules and rules whose captures accept hooks or subclasses, or whose
+    module calls sit inside plain calls (and plain calls inside module calls)."""
+    from fxrewrite import Rule
+    from fxrewrite.loader import load_rules
+
+    extra = [Rule.from_functions(p, p, name=p.__name__) for p in (relu_conv, neg_conv_relu, relu_module_conv,
+                                                                   hooked_bn_conv)]
+    library = [r for r in load_rules() if r.compiled.module_captures]
+    assert {"conv_bn_fold", "linear_bn_fold"} <= {r.name for r in library}
+    return [*library, *extra]
+
+
+def _every_module_match(gm: fx.GraphModule, rules, *, trees: bool, via_matcher: bool) -> list[tuple]:
+    import fxrewrite.match as match
+
+    saved, match.FAST_MODULE_TREES = match.FAST_MODULE_TREES, trees
+    try:
+        return _every_tree_match(gm, rules, trees=True, via_matcher=via_matcher)
+    finally:
+        match.FAST_MODULE_TREES = saved
+
+
+def _blocks_graph() -> fx.GraphModule:
+    from torch.nn.utils import parametrize
+
+    model = _Blocks().eval()
+    gm = fx.GraphModule(model, _Leaves().trace(model))
+    gm.c_hooked.register_forward_hook(lambda m, a, out: out * 2)
+    gm.c_pre.register_forward_pre_hook(lambda m, args: (args[0] * 2,))
+    gm.b_bnhook.register_forward_hook(lambda m, a, out: out * 2)
+    parametrize.register_parametrization(gm.c_param, "weight", torch.nn.Identity())
+    gm.delete_submodule("c_gone")
+    return gm
+
+
+def test_module_patterns_matched_by_closures_are_the_matches_of_the_search(monkeypatch):
+    """``FAST_MODULE_TREES``: the closures bind and refuse modules exactly as the search does (same
+    matches, bindings, nodes and node map in its order, and no match where the search has none):
+    a module of the capture's class, of another class, with hooks or a parametrization (refused,
+    or bound by a capture accepting hooks), a subclass overriding ``forward`` or nothing, a
+    submodule deleted after tracing, a module called twice, a conv whose value is used outside
+    the match, a keyword call and an identity module between the calls (both handed over)."""
+    import fxrewrite.match as match
+
+    gm, rules = _blocks_graph(), _module_rules()
+    decided = {"closures": 0, "handed over": 0}
+    real = match._tree_matcher
+
+    def counting(pattern, program):
+        tree = real(pattern, program)
+        if tree is None:
+            return None
+
+        def spy(anchor, modules):
+            found = tree(anchor, modules)
+            decided["handed over" if found is match._FALLBACK else "closures"] += 1
+            return found
+        return spy
+
+    monkeypatch.setattr(match, "_tree_matcher", counting)
+    monkeypatch.setattr(match, "_programs", type(match._programs)())  # programs built with the spy
+    searched = _every_module_match(gm, rules, trees=False, via_matcher=False)
+    assert _every_module_match(gm, rules, trees=True, via_matcher=False) == searched
+    assert _every_module_match(gm, rules, trees=True, via_matcher=True) == searched
+    anchors = {(m[0], m[1]) for m in searched}
+    assert {("conv_bn_fold", "b_plain"), ("conv_bn_fold", "b_named"), ("conv_bn_fold", "b_drop"),
+            ("conv_bn_fold", "b_shared1"), ("conv_bn_fold", "b_shared2"), ("conv_bn_fold", "b_1d"),
+            ("linear_bn_fold", "b_lin"), ("relu_conv", "relu_2"), ("hooked_bn_conv", "b_hooked"),
+            ("hooked_bn_conv", "b_bnhook"), ("hooked_bn_conv", "b_pre"), ("hooked_bn_conv", "b_param"),
+            ("neg_conv_relu", "neg"), ("relu_module_conv", "relu_1")} <= anchors, sorted(anchors)
+    refused = {"b_hooked", "b_pre", "b_bnhook", "b_param", "b_scaled", "b_gone", "b_used", "b_kw"}
+    assert not {a for r, a in anchors if r == "conv_bn_fold"} & refused
+    assert ("linear_bn_fold", "b_lin_1") not in anchors  # a Conv1d where the capture wants a Linear
+    assert decided["closures"] >= 20 and decided["handed over"] >= 4, decided
+
+
+def test_a_global_module_hook_refuses_module_captures_in_the_closures_as_in_the_search():
+    """A global forward hook stops every capture that does not accept hooks, in both walks."""
+    gm, rules = _blocks_graph(), _module_rules()
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda m, a, out: out)
+    try:
+        searched = _every_module_match(gm, rules, trees=False, via_matcher=False)
+        assert _every_module_match(gm, rules, trees=True, via_matcher=True) == searched
+    finally:
+        handle.remove()
+    assert {m[0] for m in searched} == {"relu_conv", "hooked_bn_conv"}, searched
