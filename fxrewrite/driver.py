@@ -67,7 +67,16 @@ import torch.fx as fx
 from torch.fx.node import Node
 
 from ._torch import is_erased, node_position, tree_flatten, tree_leaves, tree_unflatten
-from .canon import alias_class, input_keys, is_aten_graph, mutation, node_keys, same_literal, writers_of
+from .canon import (
+    alias_class,
+    input_keys,
+    is_aten_graph,
+    mutation,
+    node_keys,
+    same_literal,
+    writers_of,
+    writes_in_place,
+)
 from .dispatch import RuleIndex
 from .errors import DidNotConverge, Refuse, RewriteError
 from .index import OpIndex
@@ -409,7 +418,7 @@ class Driver:
                                if (cls := anchor_module_class(r.compiled)) is not None} if needs_modules else {}
         #: Does anything in the graph write in place? (Rewrites never add a write: replacements
         #: writing into their inputs are refused.) Without writes, no match needs the alias walk.
-        self.graph_writes = any(mutation(n) is not None for n in self.graph.nodes)
+        self.graph_writes = writes_in_place(self.graph.nodes)
         self.pruned = PRUNED_REQUEUE and not self.graph_writes and not _may_rekey(r.anchor_key for r in ruleset)
         self._writers = _Writers()
         self.index = OpIndex(self.graph)  # one pass; kept current by the splicer's change events

@@ -49,6 +49,7 @@ from .effects import (
     is_written,
     mutation,
     writers_of,
+    writes_in_place,
     written_arguments,
 )
 from .identities import (
@@ -154,5 +155,6 @@ __all__ = [
     "same_shape",
     "through_identities",
     "writers_of",
+    "writes_in_place",
     "written_arguments",
 ]

@@ -132,3 +132,35 @@ def test_mutation_from_the_table_of_calls_without_keywords_is_the_mutation_worke
             effects.FAST_MUTATION = True
         assert [mutation(n), mutation(n)] == [slow, slow], n.format_node()  # filled, then read
     assert sum(mutation(n) is not None for n in gm.graph.nodes) >= 8
+
+
+def test_writes_in_place_says_what_asking_mutation_of_every_node_says():
+    """``writes_in_place`` (pure calls without keywords passed over from the table) against its
+    slow twin, ``any(mutation(n) is not None ...)``: on a program that writes nowhere, and on it
+    with each node of a program that writes (in-place methods and functions, ``inplace=`` given
+    by position and by keyword, ``out=``, an ATen overload) put after it, the write deciding."""
+    from fxrewrite.canon import effects, writes_in_place
+
+    def program(x, y):
+        a = torch.sigmoid(x) + F.relu(x) + torch.neg(x)
+        b = F.relu(a, True) + x.clone().add_(1) + F.relu(a, inplace=True)
+        c = torch.add(x, 1, out=y.clone()) + torch.ops.aten.add_.Tensor(x.clone(), y) + operator.iadd(a, 1)
+        return b, c, x.relu_()
+
+    pure = list(fx.symbolic_trace(lambda x: (torch.relu(x).neg() + F.relu(x), torch.add(x, 1, alpha=2))).graph.nodes)
+    graph = fx.Graph()  # what tracing spells otherwise: inplace= by position, an in-place operator
+    x = graph.placeholder("x")
+    by_hand = [graph.call_function(F.relu, (x, True)), graph.call_function(operator.iadd, (x, 1)),
+               graph.call_function(F.relu, (x, False))]
+    writes = 0
+    for node in [None, *fx.symbolic_trace(program).graph.nodes, *by_hand]:
+        nodes = pure + ([node] if node is not None else [])
+        effects.FAST_MUTATION = False
+        try:
+            slow = writes_in_place(nodes)
+        finally:
+            effects.FAST_MUTATION = True
+        assert slow == (node is not None and mutation(node) is not None)
+        assert [writes_in_place(nodes), writes_in_place(nodes)] == [slow, slow], nodes[-1]  # filled, then read
+        writes += slow
+    assert writes >= 8
