@@ -280,15 +280,26 @@ MAX_DISTINCT_VALUES = 32
 CAPPED_VALUE_LISTS = True
 
 
-@functools.lru_cache(maxsize=1024)
 def _value_lists(dtype: torch.dtype, size: int, lo: float | None, hi: float | None, special: bool,
                  separate: bool = False, only_separating: bool = False,
                  capped: bool = False) -> SearchStrategy[list[Any]]:
     """``size`` values: a drawn list of values, repeated or cut to ``size``. Its length does not
     depend on the shape, so the shrinker can drop values and dimensions independently:
     ``[0.0, inf]`` shrinks to ``[inf, inf]`` and then, one dimension less, to ``inf``. When
-    ``capped`` (and :data:`CAPPED_VALUE_LISTS`), at most ``size`` values are drawn."""
-    most = max(1, min(size, MAX_DISTINCT_VALUES)) if capped and CAPPED_VALUE_LISTS else MAX_DISTINCT_VALUES
+    ``capped`` (and :data:`CAPPED_VALUE_LISTS`), at most ``size`` values are drawn.
+
+    Made once per arguments and switches: the switches :data:`CAPPED_VALUE_LISTS` and
+    :data:`FLAT_ELEMENTS` are part of the key, so turning one off gives its slow twin at once."""
+    return _made_value_lists(dtype, size, lo, hi, special, separate, only_separating,
+                             capped and CAPPED_VALUE_LISTS, FLAT_ELEMENTS)
+
+
+@functools.lru_cache(maxsize=1024)
+def _made_value_lists(dtype: torch.dtype, size: int, lo: float | None, hi: float | None, special: bool,
+                      separate: bool, only_separating: bool, capped: bool, flat: bool) -> SearchStrategy[list[Any]]:
+    """:func:`_value_lists`, with the switches it read as arguments (``flat`` is
+    :data:`FLAT_ELEMENTS`, read again by :func:`_flat`)."""
+    most = max(1, min(size, MAX_DISTINCT_VALUES)) if capped else MAX_DISTINCT_VALUES
     drawn = st.lists(_flat(elements(dtype, min_value=lo, max_value=hi, special_values=special,
                                     separate_dtypes=separate)), min_size=1, max_size=most)
     if not dtype.is_floating_point and dtype != torch.bool:
@@ -306,6 +317,9 @@ def _value_lists(dtype: torch.dtype, size: int, lo: float | None, hi: float | No
     plants = _planted(dtype, lo, hi)
     planted = st.tuples(drawn, st.integers(0, len(plants) - 1), st.integers(0, MAX_DISTINCT_VALUES - 1))
     return planted.map(lambda t: _plant(_cycle(t[0], size), plants[t[1]], t[2]))
+
+
+_value_lists.cache_clear = _made_value_lists.cache_clear  # type: ignore[attr-defined]
 
 
 def _mask_lists(dtype: torch.dtype, lo: float | None, hi: float | None,
