@@ -59,17 +59,30 @@ class ModuleWrite(Exception):
 class _TensorState:
     """A captured parameter or buffer as it was: its version counter, an alias of its data (no
     copy) that puts back a swapped ``.data``, the address of its first element, its shape,
-    strides and dtype, and once :meth:`copy` ran, a copy of its bytes."""
+    strides and dtype, and once :meth:`copy` ran, a copy of its bytes. Its label
+    (``conv.weight``) is written only when a change is reported."""
 
-    __slots__ = ("address", "array", "bits", "data", "dtype", "label", "shape", "stride", "tensor", "version")
+    __slots__ = ("address", "array", "bits", "data", "dtype", "name", "owner", "shape", "stride", "tensor",
+                 "version")
 
-    def __init__(self, label: str, tensor: torch.Tensor) -> None:
-        self.label, self.tensor, self.version = label, tensor, _version(tensor)
+    def __init__(self, owner: str, name: str, tensor: torch.Tensor) -> None:
+        self.owner, self.name, self.tensor = owner, name, tensor
+        try:  # (_version and _address, inlined: a conv-bn fold takes seven of these)
+            self.version: int | None = tensor._version
+        except RuntimeError:
+            self.version = None
+        try:
+            self.address = tensor.data_ptr()
+        except Exception:
+            self.address = 0
         self.data = tensor.data
-        self.address = _address(tensor)
         self.shape, self.stride, self.dtype = tensor.shape, tensor.stride(), tensor.dtype
         self.bits: bytes | None = None
         self.array: Any = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.owner}.{self.name}"
 
     def copy(self) -> None:
         """Copy its bytes (:func:`_bits_view`), keeping the numpy view of its storage they were read
@@ -87,10 +100,11 @@ class _TensorState:
 
     def changed(self) -> str | None:
         """How the tensor changed since, or ``None``."""
-        if _version(self.tensor) != self.version:  # (an inference tensor has none: None both times)
+        t = self.tensor
+        if _version(t) != self.version:  # (an inference tensor has none: None both times)
             return _BUMPED
-        if self.moved():
-            return _SWAPPED
+        if _address(t) != self.address or t.shape != self.shape or t.stride() != self.stride or t.dtype != self.dtype:
+            return _SWAPPED  # (moved(), inlined)
         if self.bits is not None and self._bits_now() != self.bits:
             return _VALUES
         return None
@@ -126,7 +140,8 @@ class _ModuleState:
     def __init__(self, label: str, module: torch.nn.Module) -> None:
         self.label, self.module = label, module
         self.attributes = {k: v for k, v in vars(module).items() if k[:1] != "_"}
-        self.tables: tuple[dict[str, Any], ...] = tuple(dict(table) for table in _tables(module))
+        self.tables: tuple[dict[str, Any], ...] = (dict(module._parameters), dict(module._buffers),
+                                                   dict(module._modules))
 
     def changed(self) -> tuple[str, str] | None:
         """The first attribute or table entry that changed since (label, how), or ``None``."""
@@ -165,12 +180,14 @@ def _states(modules: dict[str, torch.nn.Module]) -> tuple[list[_ModuleState], li
     module_states: list[_ModuleState] = []
     tensor_states: list[_TensorState] = []
     for label, module in modules.items():
-        for sub_label, sub in module.named_modules(prefix=label):
+        # (a module without submodules is all named_modules() yields: skip its generator)
+        named = module.named_modules(prefix=label) if module._modules else ((label, module),)
+        for sub_label, sub in named:
             module_states.append(_ModuleState(sub_label, sub))
             for table in (sub._parameters, sub._buffers):
                 for name, t in table.items():
                     if isinstance(t, torch.Tensor):
-                        tensor_states.append(_TensorState(f"{sub_label}.{name}", t))
+                        tensor_states.append(_TensorState(sub_label, name, t))
     return module_states, tensor_states
 
 
@@ -370,7 +387,7 @@ def _version(t: torch.Tensor) -> int | None:
 def _address(t: torch.Tensor) -> int:
     """The address of a tensor's first element (0 when it has none: fake and meta tensors)."""
     try:
-        return int(t.data_ptr())
+        return t.data_ptr()
     except Exception:
         return 0
 
