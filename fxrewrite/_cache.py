@@ -201,15 +201,20 @@ class _AstUnpickler(pickle.Unpickler):
 @functools.cache
 def _environment_fingerprint() -> str:
     """What a parse depends on besides the text: the parser's sources and the versions around it."""
-    package = Path(__file__).resolve().parent
-    digest = hashlib.sha256()
-    for name in _PARSER_SOURCES:
-        digest.update(name.encode() + b"\0" + (package / name).read_bytes() + b"\0")
     from ._version import __version__
 
     torch = sys.modules.get("torch")
     versions = (__version__, getattr(torch, "__version__", "-"), _lark_version(), sys.version)
-    return digest.hexdigest() + "|" + "|".join(str(v) for v in versions)
+    return _sources_digest(_PARSER_SOURCES) + "|" + "|".join(str(v) for v in versions)
+
+
+def _sources_digest(names: tuple[str, ...]) -> str:
+    """A digest of the package's source files ``names`` (paths inside the package), each with its name."""
+    package = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for name in names:
+        digest.update(name.encode() + b"\0" + (package / name).read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def _lark_version() -> str:
@@ -295,8 +300,5 @@ class _PlainUnpickler(pickle.Unpickler):
 
 @functools.cache
 def _tracer_fingerprint() -> str:
-    package = Path(__file__).resolve().parent
-    digest = hashlib.sha256()
-    for name in _TRACER_SOURCES:
-        digest.update(name.encode() + b"\0" + (package / name).read_bytes() + b"\0")
-    return digest.hexdigest()
+    """What a trace depends on besides the rule's text and the parse: the tracer's sources."""
+    return _sources_digest(_TRACER_SOURCES)
