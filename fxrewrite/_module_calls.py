@@ -32,10 +32,8 @@ calls ``rewrite`` nests (the outer tracer is put back when the inner call ends).
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import threading
-from collections.abc import Iterator
 from typing import Any, ClassVar, Protocol
 
 import torch
@@ -84,21 +82,47 @@ def next_mode(mode: str) -> str:
     return IMPL if mode == WATCH and not PATCH_DUNDER_CALL else DUNDER
 
 
-@contextlib.contextmanager
-def recording(tracer: Recorder, mode: str) -> Iterator[ModuleCallSeen | None]:
+def recording(tracer: Recorder, mode: str) -> _Recording:
     """While the block runs, module calls on Proxies in this thread record into ``tracer`` (in
     :data:`WATCH` mode: are stopped). Yields the watcher whose ``called`` says a module call was
     stopped (then what the block did must be undone and done again in :func:`next_mode`), or
     ``None`` in :data:`DUNDER` mode, where nothing gets past."""
-    if mode == DUNDER:
-        with _ModuleCalls.calling(tracer, "__call__"):
-            yield None
-    elif mode == IMPL:
-        with _ModuleCalls.calling(tracer, "_call_impl"), ModuleCallSeen(escapes_only=True) as seen:
-            yield seen
-    else:
-        with ModuleCallSeen() as seen:
-            yield seen
+    return _Recording(tracer, mode)
+
+
+class _Recording:
+    """The block of :func:`recording`: on entry the slot of its mode is replaced
+    (:class:`_ModuleCalls`) and then its watcher registered; on exit the watcher goes first, then
+    the slot is put back, also when the block raised (as two nested ``with`` blocks would, without
+    a generator per replacement call)."""
+
+    __slots__ = ("previous", "slot", "tracer", "watch")
+
+    def __init__(self, tracer: Recorder, mode: str) -> None:
+        self.tracer = tracer
+        self.slot = "__call__" if mode == DUNDER else "_call_impl" if mode == IMPL else None
+        self.watch = None if mode == DUNDER else ModuleCallSeen(escapes_only=mode == IMPL)
+        self.previous: Recorder | None = None
+
+    def __enter__(self) -> ModuleCallSeen | None:
+        if self.slot is not None:
+            self.previous = _ModuleCalls.enter(self.tracer, self.slot)
+        if self.watch is not None:
+            try:
+                self.watch.__enter__()
+            except BaseException:
+                if self.slot is not None:
+                    _ModuleCalls.exit(self.slot, self.previous)
+                raise
+        return self.watch
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self.watch is not None:
+                self.watch.__exit__(*exc)
+        finally:
+            if self.slot is not None:
+                _ModuleCalls.exit(self.slot, self.previous)
 
 
 class _ModuleCalls:
@@ -111,25 +135,27 @@ class _ModuleCalls:
     _local = threading.local()
 
     @classmethod
-    @contextlib.contextmanager
-    def calling(cls, tracer: Recorder, slot: str) -> Iterator[None]:
-        """While the block runs, module calls on Proxies in this thread record into ``tracer``."""
-        replacement = _REPLACEMENTS[slot]
+    def enter(cls, tracer: Recorder, slot: str) -> Recorder | None:
+        """From now on, module calls on Proxies in this thread record into ``tracer``; returns
+        the tracer that recorded before (hand it to :meth:`exit`)."""
         with cls._lock:
             if cls._users[slot] == 0:
                 cls._original[slot] = vars(torch.nn.Module)[slot]
-                setattr(torch.nn.Module, slot, replacement)
+                setattr(torch.nn.Module, slot, _REPLACEMENTS[slot])
             cls._users[slot] += 1
         previous = getattr(cls._local, "tracer", None)
         cls._local.tracer = tracer
-        try:
-            yield
-        finally:
-            cls._local.tracer = previous
-            with cls._lock:
-                cls._users[slot] -= 1
-                if cls._users[slot] == 0 and vars(torch.nn.Module).get(slot) is replacement:
-                    setattr(torch.nn.Module, slot, cls._original[slot])
+        return previous
+
+    @classmethod
+    def exit(cls, slot: str, previous: Recorder | None) -> None:
+        """Undo :meth:`enter`: ``previous`` records again, and the slot is torch's own once its
+        last user exits."""
+        cls._local.tracer = previous
+        with cls._lock:
+            cls._users[slot] -= 1
+            if cls._users[slot] == 0 and vars(torch.nn.Module).get(slot) is _REPLACEMENTS[slot]:
+                setattr(torch.nn.Module, slot, cls._original[slot])
 
     @classmethod
     def active_tracer(cls) -> Recorder | None:

@@ -76,6 +76,38 @@ def _relu_module_rule(*, catch: bool = False) -> Rule:
     return Rule.from_functions(lambda x: torch.neg(torch.neg(x)), replacement, name="neg_neg_relu_module")
 
 
+class _Recorder:
+    def __init__(self) -> None:
+        self.calls: list[torch.nn.Module] = []
+
+    def module_call(self, module, args, kwargs):
+        self.calls.append(module)
+        return args[0]
+
+
+@pytest.mark.parametrize("mode", [module_calls.WATCH, module_calls.IMPL, module_calls.DUNDER])
+def test_a_recording_block_puts_everything_back_when_it_raises_and_when_nested(mode):
+    """``recording``: inside, this thread's tracer records (its mode's slot replaced, its watcher
+    registered); a nested block records into its own tracer and gives the outer one back; on
+    leaving, also by an exception, the slot, the tracer and the global hooks are torch's again."""
+    outer, inner = _Recorder(), _Recorder()
+    proxy = fx.Proxy(fx.Graph().placeholder("x"))
+    relu = torch.nn.ReLU()
+    slot = {module_calls.IMPL: {"_call_impl"}, module_calls.DUNDER: {"__call__"}}.get(mode, set())
+    with pytest.raises(ZeroDivisionError), module_calls.recording(outer, mode) as watch:
+        assert _replaced() == slot and (watch is None) == (mode == module_calls.DUNDER)
+        with module_calls.recording(inner, module_calls.IMPL):
+            assert relu(proxy) is proxy  # recorded, not run
+        assert _replaced() == slot and module_calls._ModuleCalls.active_tracer() is (
+            None if mode == module_calls.WATCH else outer)
+        if mode != module_calls.WATCH:  # (the watcher stops every module call)
+            assert relu(proxy) is proxy
+            torch.testing.assert_close(relu(-X), torch.relu(-X))  # on tensors: torch's own call
+        raise ZeroDivisionError("the block raises")
+    assert inner.calls == [relu] and outer.calls == ([] if mode == module_calls.WATCH else [relu])
+    assert _replaced() == set() and _no_hooks_left() and module_calls._ModuleCalls.active_tracer() is None
+
+
 @pytest.mark.parametrize("catch", [False, True])
 def test_a_replacement_calling_a_module_it_does_not_name_records_the_same_graph_in_every_mode(monkeypatch, catch):
     """The slow twins (``PATCH_ALWAYS``: every replacement called with module calls recorded;
