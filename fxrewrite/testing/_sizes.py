@@ -85,7 +85,7 @@ def fitting_sizes(candidates: tuple[tuple[int, ...], ...], numel: int) -> tuple[
             continue
         known = math.prod(s for s in sizes if s != -1)
         if -1 in sizes:
-            if known > 0 and numel > 0 and numel % known == 0:
+            if known > 0 and numel % known == 0:  # an empty tensor too: (0,) views to (-1, 2)
                 out.append(sizes)
         elif known == numel:
             out.append(sizes)

@@ -190,7 +190,7 @@ def test_fitting_sizes_are_the_sizes_torch_can_reshape_to():
     import itertools
 
     candidates = (-2, -1, 0, 1, 2, 3)
-    for numel in (1, 2, 4, 6):
+    for numel in (0, 1, 2, 4, 6):  # 0: an empty tensor views to (-1, 2) and (2, -1), not to (-1, 0)
         x = torch.zeros(numel)
         for count in (1, 2, 3):
             expected = tuple(t for t in itertools.product(candidates, repeat=count) if _reshapes(x, t))
