@@ -71,6 +71,7 @@ from .canon import (
     alias_class,
     input_keys,
     is_aten_graph,
+    is_check,
     mutation,
     node_keys,
     same_literal,
@@ -122,6 +123,14 @@ SCREENED = True
 #: checks both make the same graph and report). Only where no node can gain an anchor key while it
 #: waits (see :func:`_may_rekey`). delete dag 50% R=50: 5.7 nodes reached per rewrite, 0.06 new.
 PRUNED_REQUEUE = True
+#: In a pruned requeue (:data:`PRUNED_REQUEUE`), a deletion (no node created) does not walk from a
+#: value it made stand for a matched output when that value gained a user beyond the mark that is
+#: no check node: only the users moved to it at or before the mark are walked (see :func:`_rewired`).
+#: ``False`` is the slow twin, the value's users all walked (``tests/test_driver.py`` checks both
+#: make the same graph and rewrites; the attempts differ by the visits saved). delete dag 50% R=50
+#: 8k: 1,988 deletions walked from their value and reached 360 visited nodes again, none of which
+#: could match anew; now none is walked (4,813 -> 4,773 visits).
+SHORT_DELETION_REQUEUE = True
 #: The keys :func:`~fxrewrite.canon.respelled` may give a node besides its own, which it may gain
 #: or lose when its arguments change (an in-place op's functional twin aside: see :func:`_may_rekey`).
 _RESPELLED_KEYS = frozenset({("aten", "unsqueeze"), ("aten", "transpose"), ("aten", "reciprocal"), ("aten", "size"),
@@ -542,13 +551,16 @@ class Driver:
         match, and queue what the change may have made matchable."""
         self.index.add(change.created)
         rewired: list[Node] = []
+        unwalked: list[Node] = []
         if self._applying is not None:
             rule, match, users = self._applying
             new_anchor = _standing_for(change, match.anchor)
             if self._reproduces(rule, match, new_anchor):
                 self.settled.setdefault(rule.name, set()).add(new_anchor)
-            rewired = _rewired(change, users, self.largest, self.multi_output)
-        self._requeue(change, rewired)
+            short = (SHORT_DELETION_REQUEUE and self.pruned and not change.created and not self.multi_output)
+            rewired, unwalked = _rewired(change, users, self.largest, self.multi_output,
+                                         self.worklist.mark if short else None)
+        self._requeue(change, rewired, unwalked)
 
     def _reproduces(self, rule: Rule, match: Match, new_anchor: Node) -> bool:
         """True when the rewrite's result is, canonically, the subgraph it replaced (the rule's
@@ -561,15 +573,16 @@ class Driver:
             return False
         return any(_same_bindings(again.bindings, match.bindings) for again in self._matchers[rule.name](new_anchor))
 
-    def _requeue(self, change: Change, rewired: Iterable[Node] = ()) -> None:
+    def _requeue(self, change: Change, rewired: Iterable[Node] = (), unwalked: Collection[Node] = ()) -> None:
         """Queue what ``change`` may have made matchable (:func:`_reached`; ``rewired``: the users
-        a deletion moved to a value with many users), in one go: the worklist keeps graph order
-        whatever the push order. A replacement writing in place (into a tensor of its own) ends
-        the pruning (:data:`PRUNED_REQUEUE`): that node's key may change."""
+        a deletion moved to a value not walked from, ``unwalked`` or one with many users), in one
+        go: the worklist keeps graph order whatever the push order. A replacement writing in place
+        (into a tensor of its own) ends the pruning (:data:`PRUNED_REQUEUE`): that node's key may
+        change."""
         if self.pruned and change.created:
             self.pruned = not any(mutation(n) is not None for n in change.created)
         mark = self.worklist.mark if self.pruned else None
-        reached = _reached(change, self.reach, self.largest, mark, rewired)
+        reached = _reached(change, self.reach, self.largest, mark, rewired, unwalked)
         if reached:
             self.worklist.push_all(reached)
 
@@ -615,28 +628,60 @@ def _standing_for(change: Change, output: Node) -> Node:
 
 
 def _rewired(change: Change, users: Sequence[tuple[Node, ...]], largest: int,
-             multi_output: bool = False) -> list[Node]:
+             multi_output: bool = False, mark: Any = None) -> tuple[list[Node], list[Node]]:
     """The nodes that read a matched output (``users``: each output's users before the splice, in
     the order of ``change.replaced``, the pattern's) and now read the value standing for it, where
     :func:`_reached` does not walk from that value: a value the match read (a deletion's result)
     with more than ``largest`` users. With ``multi_output`` patterns, all of that value's users: a
     match of ``(sin(x), cos(x))`` anchored at a ``sin`` reading it may now find its ``cos`` among
-    the nodes moved there."""
-    rewired = []
+    the nodes moved there.
+
+    Given the worklist's ``mark`` (a pruned requeue after a deletion of a single-output match,
+    :data:`SHORT_DELETION_REQUEUE`), also where such a value gained a user beyond the mark that is
+    no check node (then only the moved users at or before the mark: those beyond it wait, with
+    what follows them); those values are returned second, for :func:`_reached` to leave out. A node at
+    or before the mark that did not read the value anew (no moved user) can gain no match from the
+    change: its inputs are as they were, and the value cannot be an inner node of a match anchored
+    there (inner nodes come before the anchor; the value's user beyond the mark is outside any such
+    match and no check node, which a match may take along); the value's other inputs' users did
+    not change (the deletion erased only nodes of the match)."""
+    rewired: list[Node] = []
+    unwalked: list[Node] = []
     for (old, new), moved in zip(change.replaced, users):
-        if new is not old and not is_erased(new) and len(new.users) > largest:
+        if new is old or is_erased(new):
+            continue
+        if len(new.users) > largest:
             rewired += list(new.users) if multi_output else [u for u in moved if not is_erased(u)]
-    return rewired
+        elif mark is not None:
+            before = _moved_short_of(moved, mark)
+            if before is not None:
+                rewired += before
+                unwalked.append(new)
+    return rewired, unwalked
 
 
-def _reached(change: Change, reach: int, largest: int, mark: Any = None, rewired: Iterable[Node] = ()) -> list[Node]:
+def _moved_short_of(moved: Iterable[Node], mark: Any) -> list[Node] | None:
+    """The ``moved`` users at or before ``mark`` (those beyond wait already, with what follows
+    them), when one beyond it is no check node; else ``None``."""
+    beyond = False
+    before = []
+    for user in moved:
+        if node_position(user) > mark:
+            beyond = beyond or not is_check(user)
+        elif not is_erased(user):
+            before.append(user)
+    return before if beyond else None
+
+
+def _reached(change: Change, reach: int, largest: int, mark: Any = None, rewired: Iterable[Node] = (),
+             unwalked: Collection[Node] = ()) -> list[Node]:
     """The created nodes, and what lies downstream of them and of the inputs that lost a user, up
     to ``reach`` (the deepest pattern's) users away; such an input may now be an inner node of a
     match, but only if it has no more users than the largest pattern has nodes (``largest``).
     The ``rewired`` nodes (users a deletion moved to such an input with more users: they read a
     new value) count as one user away, and what lies downstream of them is reached too. An input
     that reads another input is reached as its user (that input may now be an inner node of a
-    match anchored at it).
+    match anchored at it). The inputs ``unwalked`` are not walked from (:func:`_rewired`).
     Given the worklist's ``mark``, none beyond it: those and what follows them wait already."""
     created = [n for n in change.created if not is_erased(n)] if change.created else []
     # per node of the frontier, its users; the rewired nodes first, one user away from the value they now read
@@ -644,7 +689,7 @@ def _reached(change: Change, reach: int, largest: int, mark: Any = None, rewired
     for n in created:  # (loops, not comprehensions: a deletion's event walks from one or two inputs)
         frontier.append(n.users)
     for n in change.inputs:
-        if not is_erased(n) and len(n.users) <= largest:
+        if not is_erased(n) and len(n.users) <= largest and (not unwalked or n not in unwalked):
             frontier.append(n.users)
     if not frontier:
         return created

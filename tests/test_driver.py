@@ -230,6 +230,7 @@ def test_the_drivers_fast_paths_make_the_graph_and_the_report_their_slow_twins_m
     import fxrewrite.driver as driver
     from fxrewrite import rewrite
 
+    monkeypatch.setattr(driver, "SHORT_DELETION_REQUEUE", False)  # (it saves visits: attempts differ, see its test)
     for name, rules, gm, inputs in _programs():
         results = {}
         for fast in (False, True):
@@ -324,6 +325,7 @@ def test_a_requeue_left_short_of_the_furthest_node_popped_makes_what_the_whole_r
         return real(self, nodes)
 
     applied = {}
+    monkeypatch.setattr(driver, "SHORT_DELETION_REQUEUE", False)  # (it saves visits: attempts differ, see its test)
     for seed in range(12):
         gm = _dag(seed)
         results = {}
@@ -426,3 +428,55 @@ def test_a_screened_out_rule_is_not_counted_at_a_node_it_settled(monkeypatch):
         reports[fast] = result.report
     assert reports[True].applied == reports[False].applied == {"respell": 1, "neg_neg": 1}
     assert reports[True].attempts == reports[False].attempts
+
+
+def test_a_deletion_that_gave_its_value_a_user_beyond_the_mark_is_not_walked_from_it(monkeypatch):
+    """``SHORT_DELETION_REQUEUE``: after ``neg(neg(x)) => x`` whose result's users lie beyond the
+    furthest node popped, only those users are walked, not ``x``'s others: the same code and the
+    same rewrites as walking all of ``x``'s users, on random programs where rewrites cascade, with
+    fewer attempts (visits saved) and none more."""
+    from _helpers import assert_rewrite_sound
+
+    import fxrewrite.driver as driver
+    from fxrewrite import rewrite
+
+    saved = 0
+    for seed in range(16):
+        gm = _dag(seed, size=80)
+        results = {}
+        for short in (False, True):
+            monkeypatch.setattr(driver, "SHORT_DELETION_REQUEUE", short)
+            results[short] = rewrite(gm, RuleSet(_ODD_THEN_EVEN))
+            assert_rewrite_sound(gm, results[short], X)
+        assert results[True].code == results[False].code, seed
+        assert results[True].report.applied == results[False].report.applied, seed
+        attempts = {short: results[short].report.attempts for short in (False, True)}
+        assert all(attempts[True][name] <= attempts[False][name] for name in attempts[True]), seed
+        saved += sum(attempts[False].values()) - sum(attempts[True].values())
+    assert saved > 0
+
+
+def test_a_deletion_that_moved_users_beyond_the_mark_only_to_a_check_node_is_walked_from_its_value(monkeypatch):
+    """A check node (``torch._assert``) a match may take along is no user that keeps the value out
+    of matches: after ``neg(neg(s))`` is deleted, ``s``'s users are walked again and
+    ``relu(sigmoid(y))`` (visited before, when ``s`` had the first ``neg`` as a user too) fires."""
+    import fxrewrite.driver as driver
+    from fxrewrite import rewrite
+
+    relu_sigmoid = Rule.from_functions(lambda x: torch.relu(torch.sigmoid(x)), lambda x: torch.sigmoid(x),
+                                       name="relu_sigmoid")
+    graph = fx.Graph()
+    y = graph.placeholder("y")
+    s = graph.call_function(torch.sigmoid, (y,))
+    r = graph.call_function(torch.relu, (s,))
+    twice = graph.call_function(torch.neg, (graph.call_function(torch.neg, (s,)),))
+    graph.call_function(torch._assert, (twice, "checked"))
+    graph.output(r)
+    gm = fx.GraphModule(torch.nn.Module(), graph)
+    for short in (False, True):
+        monkeypatch.setattr(driver, "SHORT_DELETION_REQUEUE", short)
+        result = rewrite(gm, RuleSet([_ODD_THEN_EVEN[0], relu_sigmoid]))
+        result.module.graph.lint()
+        one = torch.tensor([0.5])  # (the check asks a one-element tensor for its truth)
+        torch.testing.assert_close(result.module(one), gm(one))
+        assert result.report.applied == {"neg_neg": 1, "relu_sigmoid": 1}, short
