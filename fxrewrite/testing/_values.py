@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import math
-import struct
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal, cast
 
@@ -26,17 +25,26 @@ def _width(dtype: torch.dtype) -> int:
     return {torch.float64: 64, torch.float16: 16}.get(dtype, 32)
 
 
-def _representable(value: float, width: int, *, up: bool) -> float:
-    """The float of ``width`` bits nearest to ``value`` on the inside of a bound."""
-    if width == 64 or math.isinf(value):
+def _representable(value: float, dtype: torch.dtype, *, up: bool) -> float:
+    """The ``dtype`` value nearest to ``value`` on the inside of a bound (above it if ``up``):
+    a tensor of ``dtype`` rounds every value between two such bounds to a value between them."""
+    if dtype == torch.float64 or math.isinf(value):
         return value
-    fmt = "f" if width == 32 else "e"
-    rounded = struct.unpack(fmt, struct.pack(fmt, value))[0]
+    rounded = float(torch.tensor(value, dtype=torch.float64).to(dtype))
     if (up and rounded < value) or (not up and rounded > value):
-        dtype = torch.float32 if width == 32 else torch.float16
-        t = torch.tensor(rounded, dtype=dtype)
-        rounded = float(torch.nextafter(t, torch.tensor(math.inf if up else -math.inf, dtype=dtype)))
+        rounded = _next_float(dtype, rounded, math.inf if up else -math.inf)
     return rounded
+
+
+def _float_bounds(dtype: torch.dtype, lo: float | None, hi: float | None) -> tuple[float, float]:
+    """The smallest and largest finite ``dtype`` values within ``lo`` and ``hi`` (either may be
+    ``None``: unbounded)."""
+    info = torch.finfo(dtype)
+    low = -info.max if lo is None else max(float(lo), -info.max)
+    high = info.max if hi is None else min(float(hi), info.max)
+    if low > high:
+        raise ValueError(f"min_value={lo!r} is larger than max_value={hi!r} for {dtype}; swap them.")
+    return _representable(low, dtype, up=True), _representable(high, dtype, up=False)
 
 
 def _unique(values: Iterable[Any]) -> list[Any]:
@@ -65,17 +73,12 @@ DTYPE_SEPARATORS: tuple[float, ...] = (
 def _float_elements(dtype: torch.dtype, lo: float | None, hi: float | None, special: bool,
                     separate: bool = False) -> SearchStrategy[float]:
     info = torch.finfo(dtype)
-    width = _width(dtype)
-    low = -info.max if lo is None else max(float(lo), -info.max)
-    high = info.max if hi is None else min(float(hi), info.max)
-    if low > high:
-        raise ValueError(f"min_value={lo!r} is larger than max_value={hi!r} for {dtype}; swap them.")
+    low, high = _float_bounds(dtype, lo, hi)
     simple = [0.0, 1.0, -1.0, -0.0, 0.5, 2.0, -2.0, info.eps / 2, -info.eps / 2, low, high]
     subnormal = _next_float(dtype, 0.0, math.inf)  # one ulp above 0: the smallest subnormal
     extreme = [info.max, -info.max, info.tiny, -info.tiny, subnormal, -subnormal]
     non_finite = st.sampled_from([math.inf, -math.inf, math.nan]) if special else st.nothing()
-    low, high = _representable(low, width, up=True), _representable(high, width, up=False)
-    bits = cast(Literal[16, 32, 64], width)
+    bits = cast(Literal[16, 32, 64], _width(dtype))
     moderate = st.floats(max(low, -10.0), min(high, 10.0), width=bits) if low <= 10 and high >= -10 else st.nothing()
     wide = st.floats(low, high, width=bits, allow_nan=False, allow_infinity=False)
     groups = [_one_of_values(simple, low, high), _one_of_values(extreme, low, high), non_finite,
@@ -307,9 +310,9 @@ def _made_value_lists(dtype: torch.dtype, size: int, lo: float | None, hi: float
     elif dtype.is_floating_point:  # a third of float tensors hold small whole numbers only
         drawn = st.one_of(drawn, drawn, _tame_lists(lo, hi, most))
         if only_separating:
-            drawn = _separating_lists(lo, hi, most)
+            drawn = _separating_lists(dtype, lo, hi, most)
         elif separate:  # and, for rules with dtype captures, a quarter only values that tell dtypes apart
-            drawn = st.one_of(drawn, drawn, drawn, _separating_lists(lo, hi, most))
+            drawn = st.one_of(drawn, drawn, drawn, _separating_lists(dtype, lo, hi, most))
     if not (special and dtype.is_floating_point):
         return drawn.map(lambda values: _cycle(values, size))
     # one integer says whether and what to plant (with a boolean and a sampled value, or a
@@ -345,10 +348,12 @@ def _tame_lists(lo: float | None, hi: float | None, most: int = MAX_DISTINCT_VAL
     return st.lists(st.integers(low, high).map(float), min_size=1, max_size=most)
 
 
-def _separating_lists(lo: float | None, hi: float | None,
+def _separating_lists(dtype: torch.dtype, lo: float | None, hi: float | None,
                       most: int = MAX_DISTINCT_VALUES) -> SearchStrategy[list[float]]:
-    values = _one_of_values([v for x in DTYPE_SEPARATORS for v in (x, -x)], -math.inf if lo is None else lo,
-                            math.inf if hi is None else hi)
+    """Lists of :data:`DTYPE_SEPARATORS` that a ``dtype`` tensor holds finite and within the
+    bounds (``65520`` is no float16 value: float16 makes it ``inf``)."""
+    low, high = _float_bounds(dtype, lo, hi)
+    values = _one_of_values([v for x in DTYPE_SEPARATORS for v in (x, -x)], low, high)
     return st.lists(values, min_size=1, max_size=most)
 
 
