@@ -349,9 +349,12 @@ def _copied(tensors: list[_TensorState]) -> bool:
     total = 0
     for state in tensors:
         t = state.tensor
-        if type(t) not in _PLAIN or not t.is_cpu or t.untyped_storage().nbytes() != t.nbytes:
+        if type(t) not in _PLAIN or not t.is_cpu:
             return False
-        total += t.nbytes
+        nbytes = t.nbytes
+        if t.untyped_storage().nbytes() != nbytes:
+            return False
+        total += nbytes
     if total > SNAPSHOT_BUDGET:
         return False
     try:
