@@ -148,16 +148,47 @@ _INPUT_KEY_DEPTH = 4  # identities looked through when collecting the keys feedi
 
 def input_keys(node: Node) -> frozenset[Hashable]:
     """The keys of what feeds ``node``, identities looked through (without proving them: a
-    superset is all the driver's cheap pre-check needs), for :attr:`Pattern.anchor_input_keys`."""
+    superset is all the driver's cheap pre-check needs), for :attr:`Pattern.anchor_input_keys`.
+    An input whose target :data:`_plain_inputs` files is read from it (:data:`FAST_KEYS`)."""
     keys: list[Hashable] = []
-    for a in node.all_input_nodes:
+    plain = _plain_inputs.get if FAST_KEYS else None
+    for a in node._input_nodes:  # (fx's dict behind all_input_nodes, in the same order: no list built)
+        if plain is not None:
+            try:  # (asked at every visit of the driver: one look-up per input, where it can)
+                found = plain((a.op, a.target))
+            except TypeError:  # an unhashable target
+                found = None
+            if found is not None:
+                keys += found
+                continue
         keys += node_keys(a)
-        depth = 1  # (asked at every visit: no loop or set per input where nothing is looked through)
+        _file_plain_input(a)
+        depth = 1  # (no loop or set per input where nothing is looked through)
         while depth < _INPUT_KEY_DEPTH and may_be_identity(a) and a.args and isinstance(a.args[0], Node):
             a = a.args[0]
             keys += node_keys(a)
             depth += 1
     return frozenset(keys)
+
+
+#: ``(op, target) -> keys`` of the inputs :func:`input_keys` reads without asking
+#: :func:`node_keys` and :func:`~fxrewrite.canon.identities.may_be_identity`: targets whose keys
+#: are plain (:data:`_plain_keys`) and that no call of can be an identity (a function or method
+#: :func:`may_be_identity` refuses by its target alone, a placeholder, an attribute); never stale,
+#: as :data:`_plain_keys`.
+_plain_inputs: dict[tuple[str, Any], tuple[Hashable, ...]] = {}
+_TARGET_ONLY_IDENTITY = frozenset({"call_function", "call_method", "placeholder", "get_attr"})
+
+
+def _file_plain_input(node: Node) -> None:
+    if node.op not in _TARGET_ONLY_IDENTITY or may_be_identity(node):
+        return
+    try:
+        keys = _plain_keys.get((node.op, node.target))
+        if keys is not None:
+            _plain_inputs[node.op, node.target] = keys
+    except TypeError:  # an unhashable target
+        pass
 
 
 def respelled(node: Node) -> tuple[str, dict[str, Any]] | None:

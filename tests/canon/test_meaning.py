@@ -196,3 +196,38 @@ def test_input_keys_look_through_up_to_four_identities_per_input():
     assert input_keys(nodes["relu_1"]) == {key["dropout_6"]}  # four dropouts deep, sin not reached
     assert input_keys(nodes["add"]) == {key["relu"], key["cos"]}
     assert input_keys(nodes["x"]) == frozenset()
+
+
+def test_input_keys_read_from_the_table_of_plain_inputs_are_those_worked_out_anew(monkeypatch):
+    """``input_keys`` with the inputs whose keys and identity test depend on their target alone
+    read from ``_plain_inputs`` (:data:`FAST_KEYS`) gives what working them out at every call
+    gives, at every node of programs with identities (dropout calls and modules, ``contiguous``),
+    respelled inputs (``x[:, None]``, ``permute``, ``1 / x``), in-place ops, placeholders and
+    attributes; and the table is read."""
+    import torch.nn.functional as F
+
+    from fxrewrite.canon import input_keys, meaning
+
+    class Program(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.drop = torch.nn.Dropout(0.5).eval()
+            self.register_buffer("scale", torch.ones(4))
+
+        def forward(self, x):
+            a = F.dropout(torch.neg(x), 0.5, False).contiguous()
+            b = torch.relu(self.drop(torch.sin(a))) * self.scale
+            c = (1 / b)[:, None].permute(1, 0, 2).clone().add_(1)
+            return torch.relu(a) + torch.cos(b), torch.abs(c) + c.exp().neg()
+
+    graphs = [fx.symbolic_trace(Program()).graph, fx.symbolic_trace(lambda x: torch.relu(torch.neg(x))).graph]
+    found = []  # what the table gave
+    monkeypatch.setattr(meaning, "_plain_inputs", type("Counted", (dict,), {
+        "get": lambda self, key: found.append(dict.get(self, key)) or found[-1]})())  # (empty: filled here)
+    for graph in graphs:
+        for node in graph.nodes:
+            monkeypatch.setattr(meaning, "FAST_KEYS", False)
+            slow = input_keys(node)
+            monkeypatch.setattr(meaning, "FAST_KEYS", True)
+            assert [input_keys(node), input_keys(node)] == [slow, slow], node.format_node()  # filled, then read
+    assert sum(keys is not None for keys in found) > 20
