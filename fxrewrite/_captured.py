@@ -168,7 +168,12 @@ class _ModuleState:
 
 
 def _same_table(table: dict[str, Any], before: dict[str, Any]) -> bool:
-    return len(table) == len(before) and all(table.get(k, _UNKNOWN) is v for k, v in before.items())
+    if len(table) != len(before):
+        return False
+    for k, v in before.items():  # noqa: SIM110 - a loop, not all() of a generator: most tables hold 0-3 entries
+        if table.get(k, _UNKNOWN) is not v:
+            return False
+    return True
 
 
 def _tables(module: torch.nn.Module) -> tuple[dict[str, Any], ...]:
