@@ -437,12 +437,14 @@ class Driver:
             self.worklist.fill(p, (n for key in rules for n in self.index.nodes(key)))
         self.splicer = Splicer(gm, self.modules)
         self.splicer.listen(self._on_change)
+        self._logs_rewrites = False  # does the logger take each rewrite (set when a drive starts)
 
     def run(self) -> None:
         """Rewrite until the worklist is empty (or ``stop_after`` rewrites were made); then keep
         the outputs that were tensors of their own so (see :func:`_keep_outputs_fresh`)."""
         fresh = _fresh_outputs(self.graph)
         aten = is_aten_graph(self.graph.nodes)
+        self._logs_rewrites = logger.isEnabledFor(logging.DEBUG)  # (asked once a drive, not at every rewrite)
         visits = 0
         while self.stop_after is None or self.rewrites < self.stop_after:
             popped = self.worklist.pop()
@@ -494,7 +496,9 @@ class Driver:
                 continue
             refusal = None
             for match in matchers[rule.name](node):
-                refusal = self._refusal(rule, match)
+                # (the common case, no guard and nothing to place, without a call)
+                if rule.where or self.graph_writes or match.pattern.is_multi_output:
+                    refusal = self._refusal(rule, match)
                 if refusal is None:
                     try:
                         self._apply(rule, match, tally)
@@ -541,7 +545,7 @@ class Driver:
         tally.applied += 1
         self.rewrites += 1
         self.recent.append(rule.name)
-        if logger.isEnabledFor(logging.DEBUG):
+        if self._logs_rewrites:
             logger.debug("rule %s rewrote %s into %d node(s)", rule.name, match.anchor, len(created))
         if self.debug:
             _lint_after(self.graph, rule)
@@ -555,7 +559,7 @@ class Driver:
         if self._applying is not None:
             rule, match, users = self._applying
             new_anchor = _standing_for(change, match.anchor)
-            if self._reproduces(rule, match, new_anchor):
+            if rule.compiled.anchor_key in node_keys(new_anchor) and self._reproduces(rule, match, new_anchor):
                 self.settled.setdefault(rule.name, set()).add(new_anchor)
             short = (SHORT_DELETION_REQUEUE and self.pruned and not change.created and not self.multi_output)
             rewired, unwalked = _rewired(change, users, self.largest, self.multi_output,

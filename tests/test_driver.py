@@ -480,3 +480,21 @@ def test_a_deletion_that_moved_users_beyond_the_mark_only_to_a_check_node_is_wal
         one = torch.tensor([0.5])  # (the check asks a one-element tensor for its truth)
         torch.testing.assert_close(result.module(one), gm(one))
         assert result.report.applied == {"neg_neg": 1, "relu_sigmoid": 1}, short
+
+
+def test_each_rewrite_is_logged_at_debug_level_when_the_drive_starts_with_it_on(caplog):
+    """The driver asks the logger once per drive whether it takes debug messages; then each
+    rewrite is logged, naming the rule (and nothing is logged when the level is higher)."""
+    import logging
+
+    from fxrewrite import rewrite
+
+    gm = fx.symbolic_trace(lambda a: torch.neg(torch.neg(torch.relu(torch.relu(a)))))
+    with caplog.at_level(logging.INFO, logger="fxrewrite.driver"):
+        quiet = rewrite(gm, RuleSet(_ODD_THEN_EVEN))
+    assert quiet.report.rewrites == 2 and "rewrote" not in caplog.text
+    with caplog.at_level(logging.DEBUG, logger="fxrewrite.driver"):
+        logged = rewrite(gm, RuleSet(_ODD_THEN_EVEN))
+    torch.testing.assert_close(logged.module(X), gm(X))
+    logged.module.graph.lint()
+    assert caplog.text.count("rewrote") == 2 and "rule neg_neg rewrote" in caplog.text
