@@ -369,12 +369,16 @@ class _Generator(_Printer):
     def chunks(self, nodes: list[Node], last_uses: dict[Node, list[Node]]) -> list[str]:
         """Each node's text: its line (:meth:`emit`) and the line's end, freeing the values last
         used there (fx's ``delete_unused_values``, in one loop with the emission)."""
-        emit, names, chunks = self.emit, self.names, []
+        emit, emit_call, names, chunks = self.emit, self.emit_call, self.names, []
         for node in nodes:
-            line, op = emit(node), node.op
-            if op == "placeholder":
-                chunks.append(line)
-                continue
+            op = node.op
+            if op == "call_function" and node.type is None:  # most nodes: straight to their emitter
+                line = emit_call(node, "")
+            else:
+                line = emit(node)
+                if op == "placeholder":
+                    chunks.append(line)
+                    continue
             to_delete = last_uses.get(node) if op != "output" else None
             if not node.users and op != "output":
                 to_delete = [*to_delete, node] if to_delete else [node]
@@ -419,16 +423,16 @@ class _Generator(_Printer):
         kind, text = known[1] if known is not None and known[0] is target else self.call(target)
         if kind == "magic":
             names, printed = self.names, self.repr
-            name = names.get(node) or self.name(node)
-            values = [(names.get(a) or printed(a)) if type(a) is Node else printed(a) for a in node.args]
+            name = self.name(node)
+            values = [(names.get(a) or printed(a)) if type(a) is Node else printed(a) for a in node._args]
             return f"{name}{annotation} = {text.format(*values)}"
         if kind == "inplace":
             return (f"{text.format(*(self.repr(a) for a in node.args))};  "
                     f"{self.name(node)}{annotation} = {self.repr(node.args[0])}")
-        args = node.args
+        args = node._args  # (fx's fields behind the args and kwargs properties)
         if text == "getattr" and isinstance(args[1], str) and args[1].isidentifier() and len(args) == 2:
             return f"{self.name(node)}{annotation} = {fx_format_target(self.repr(args[0]), args[1])}"
-        line = f"{self.names.get(node) or self.name(node)}{annotation} = {text}({self.arguments(args, node.kwargs)})"
+        line = f"{self.name(node)}{annotation} = {text}({self.arguments(args, node._kwargs)})"
         if node.meta.get("is_wrapped", False):
             self.wrapped.setdefault(text)
         return line
