@@ -6,11 +6,13 @@ probed), and :func:`inputs_for` is that plan's strategy.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
 from hypothesis.strategies import SearchStrategy
+from torch import nn
 from torch.fx.node import Node
 
 from ..errors import RuleDefinitionError
@@ -24,16 +26,34 @@ from ._running import GuardHarness
 
 
 def _module_consumers(rule: Rule) -> dict[str, str]:
-    """Tensor parameters that a module capture is called on directly: ``{tensor: module}``."""
+    """Tensor parameters that a module capture is called on directly, as its first argument
+    (positional or by keyword, ``lin(input=x)``): ``{tensor: module}``, the first module's for a
+    tensor several are called on."""
     pattern = rule.compiled
     kinds = {p.name: p.kind for p in pattern.params}
+    classes = {p.name: p.annotation for p in pattern.params if p.kind == "module"}
     consumers: dict[str, str] = {}
     for node in pattern.graph.nodes:
-        if node.op == "call_module" and node.args and isinstance(node.args[0], Node):
-            arg = node.args[0]
-            if arg.op == "placeholder" and kinds.get(str(arg.target)) == "tensor":
-                consumers.setdefault(str(arg.target), str(node.target))
+        if node.op != "call_module":
+            continue
+        arg = _first_argument(node, classes.get(str(node.target)))
+        if isinstance(arg, Node) and arg.op == "placeholder" and kinds.get(str(arg.target)) == "tensor":
+            consumers.setdefault(str(arg.target), str(node.target))
     return consumers
+
+
+def _first_argument(node: Node, cls: type[nn.Module] | None) -> Any:
+    """The first argument of a ``call_module`` node: its first positional one, else the keyword
+    one named as the first parameter of ``cls.forward`` (``None`` if there is neither)."""
+    if node.args:
+        return node.args[0]
+    if cls is None or not node.kwargs:
+        return None
+    try:
+        names = [name for name in inspect.signature(cls.forward).parameters if name != "self"]
+    except (TypeError, ValueError):  # a forward without a signature Python can read
+        return None
+    return node.kwargs.get(names[0]) if names else None
 
 
 def plan_inputs(rule: Rule, *, domain: Mapping[str, Any] | None = None) -> InputPlan:

@@ -77,7 +77,14 @@ def test_a_tensor_passed_to_two_modules_is_the_first_ones():
     assert _module_consumers(rule(pattern)) == {"x": "first"}
 
 
-def test_a_domain_given_to_the_plan_replaces_the_rules_own():
+def test_a_tensor_a_module_is_called_on_by_keyword_is_its_consumer_too():
+    def by_keyword(x, q, lin: nn.Linear, attn: nn.MultiheadAttention):
+        return lin(input=x) + attn(key=x, value=x, query=q)[0]
+
+    assert _module_consumers(rule(by_keyword)) == {"x": "lin", "q": "attn"}  # query is attn's first argument
+
+
+def test_the_domain_given_to_the_plan_replaces_the_rules_own():
     r = rule(lambda x: torch.neg(x), domain={"dtypes": (torch.float64,)})
     assert plan_inputs(r).domain.dtypes == (torch.float64,)
     assert plan_inputs(r, domain={"dtypes": (torch.int32,)}).domain.dtypes == (torch.int32,)
