@@ -344,13 +344,13 @@ def result_kind(node: Node) -> ResultKind:
 def _filed_kind(node: Node) -> ResultKind | None:
     """The kind of a call without keywords or metadata whose target goes straight to its schema,
     from :data:`_flat_kinds` (what :func:`_kind` would work out), or ``None`` when not filed."""
-    if node.kwargs:
+    if node._kwargs:  # (fx's fields behind the kwargs and args properties: asked at every match)
         return None
     meta = node.meta
     if not meta or (_VALUE not in meta and _DYNAMO_VALUE not in meta and meta.get(_TENSOR_META) is None):
         try:  # no metadata, a target that goes straight to its schema: the kind filed by argument types
             if (node.op, node.target) in _schema_targets:
-                return _flat_kinds.get((node.op, node.target, tuple(map(type, node.args))))
+                return _flat_kinds.get((node.op, node.target, tuple(map(type, node._args))))
         except TypeError:  # an unhashable target
             pass
     return None
@@ -370,7 +370,7 @@ def _arithmetic_kind(node: Node, depth: int = 8) -> ResultKind | None:
             return None
     except TypeError:  # an unhashable target
         return None
-    for first in node.all_input_nodes:
+    for first in node._input_nodes:  # (fx's dict behind all_input_nodes, in its order: no list built)
         kind = _filed_kind(first)
         if kind is None and depth and first.op == "call_function":
             kind = _arithmetic_kind(first, depth - 1)
