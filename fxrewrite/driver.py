@@ -105,6 +105,11 @@ _INDEXED_FROM = 32
 #: heap of later pushes (a pop from it costs no heap sift); ``False`` is the slow twin, everything
 #: in one heap (``tests/test_driver.py`` checks both pop the same nodes in the same order).
 SORTED_FILL = True
+#: Take a fill handed over in graph order (the op index gathers each level's nodes as it is built)
+#: as it is, at a level where nothing waits yet; ``False`` is the slow twin, the fill sorted and its
+#: duplicates dropped (``tests/test_driver.py`` checks both pop the same nodes in the same order).
+#: 64k nodes, delete dag: the fill 11.8 ms.
+ORDERED_FILL = True
 #: Skip, without the matcher, a rule anchored at a module capture's call at a ``call_module`` node
 #: whose module is not of the capture's class (:func:`~fxrewrite.match.anchor_module_class`: the
 #: search refuses it first thing); ``False`` is the slow twin (the search says no), kept equal by
@@ -171,9 +176,17 @@ class Worklist:
         #: beyond it was never popped, so it still waits at each level it was queued at.
         self.mark: Any = None
 
-    def fill(self, level: int, nodes: Iterable[Node]) -> None:
-        """Queue ``nodes`` at ``level`` in one go (the initial fill: one sort, not a push each)."""
+    def fill(self, level: int, nodes: Iterable[Node], *, in_graph_order: bool = False) -> None:
+        """Queue ``nodes`` at ``level`` in one go (the initial fill: one sort, not a push each).
+        ``in_graph_order``: the caller hands distinct nodes in graph order (the op index's groups);
+        at a level where nothing waits yet they are kept as they are (:data:`ORDERED_FILL`),
+        without the sort."""
         queue, queued = self._queues[level], self._queued[level]
+        if in_graph_order and ORDERED_FILL and SORTED_FILL and not queued:
+            self._filled[level] = filled = list(nodes)
+            self._next[level] = 0
+            queued.update(filled)
+            return
         fresh = [n for n in dict.fromkeys(nodes) if n not in queued]
         queued.update(fresh)
         if SORTED_FILL:
@@ -430,11 +443,12 @@ class Driver:
         self.graph_writes = writes_in_place(self.graph.nodes)
         self.pruned = PRUNED_REQUEUE and not self.graph_writes and not _may_rekey(r.anchor_key for r in ruleset)
         self._writers = _Writers()
-        self.index = OpIndex(self.graph)  # one pass; kept current by the splicer's change events
+        # one pass; kept current by the splicer's change events; it gathers each level's fill on the way
+        self.index = OpIndex(self.graph, groups=self.by_level)
         self._matchers = _Matchers(ruleset, gm, self.modules, self.index.nodes)
         self.worklist = Worklist(self.by_level)
-        for p, rules in self.by_level.items():
-            self.worklist.fill(p, (n for key in rules for n in self.index.nodes(key)))
+        for p in self.by_level:
+            self.worklist.fill(p, self.index.grouped[p], in_graph_order=True)
         self.splicer = Splicer(gm, self.modules)
         self.splicer.listen(self._on_change)
         self._logs_rewrites = False  # does the logger take each rewrite (set when a drive starts)

@@ -23,7 +23,8 @@ once. Whoever changes the graph tells the index which nodes it created
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Collection, Hashable, Iterable, Mapping
+from typing import Any
 
 import torch.fx as fx
 from torch.fx.node import Node
@@ -55,20 +56,34 @@ class OpIndex:
     that did not change since it was last read costs O(1); after a change, O(size of the bucket).
     """
 
-    def __init__(self, graph: fx.Graph, *, canonical: bool = True) -> None:
+    def __init__(self, graph: fx.Graph, *, canonical: bool = True,
+                 groups: Mapping[Any, Collection[Hashable]] | None = None) -> None:
         self.graph = graph
         self.canonical = canonical
         self._buckets: dict[Hashable, list[Node]] = {}
         self._added: dict[Hashable, list[Node]] = {}
         self._generation = 0  # bumped by every change the index is told about
+        #: Per group of keys in ``groups``, the nodes filed under any of its keys when the index was
+        #: built, each once, in graph order (the driver's first fill of each priority level, without
+        #: a sort); not kept current.
+        self.grouped: dict[Hashable, list[Node]] = {name: [] for name in groups or ()}
         buckets = self._buckets
+        groups_of: dict[tuple[Hashable, ...], list[list[Node]]] = {}  # per tuple of keys, the groups' lists
         for node in graph.nodes:
-            for key in node_keys(node, canonical):
+            keys = node_keys(node, canonical)
+            for key in keys:
                 bucket = buckets.get(key)
                 if bucket is None:
                     buckets[key] = [node]
                 else:
                     bucket.append(node)
+            if groups:
+                into = groups_of.get(keys)
+                if into is None:
+                    into = groups_of[keys] = [self.grouped[name] for name, group in groups.items()
+                                              if any(key in group for key in keys)]
+                for grouped in into:
+                    grouped.append(node)
         #: Per key, the generation at which its bucket was last filtered (all live when built).
         self._clean: dict[Hashable, int] = dict.fromkeys(buckets, 0)
 

@@ -221,7 +221,7 @@ def test_a_sorted_fill_pops_what_the_one_heap_pops(monkeypatch):
     assert popped[True][0] == 24 and ("relu_8", 0) in popped[True] and ("neg", 1) in popped[True]
 
 
-@pytest.mark.parametrize("flag", ["SORTED_FILL", "FAST_MODULE_ANCHOR", "PRUNED_REQUEUE", "SCREENED"])
+@pytest.mark.parametrize("flag", ["SORTED_FILL", "ORDERED_FILL", "FAST_MODULE_ANCHOR", "PRUNED_REQUEUE", "SCREENED"])
 def test_the_drivers_fast_paths_make_the_graph_and_the_report_their_slow_twins_make(monkeypatch, flag):
     """Each fast path of the driver against its slow twin (the flag off): the same code and the
     same report (applied, attempts, rejected and why) on the library's programs."""
@@ -498,3 +498,36 @@ def test_each_rewrite_is_logged_at_debug_level_when_the_drive_starts_with_it_on(
     torch.testing.assert_close(logged.module(X), gm(X))
     logged.module.graph.lint()
     assert caplog.text.count("rewrote") == 2 and "rule neg_neg rewrote" in caplog.text
+
+
+def test_a_fill_handed_over_in_graph_order_pops_what_the_sorted_fill_pops(monkeypatch):
+    """``ORDERED_FILL``: the op index's group of a level, taken as it is, pops the nodes the sorted
+    fill (its slow twin) pops, in the same order, with pushes and an erased node on the way; a
+    second fill at a level where nodes wait is sorted in with them."""
+    import fxrewrite.driver as driver
+    from fxrewrite.index import OpIndex
+
+    def chain(a):
+        for i in range(12):
+            a = torch.relu(a) if i % 3 else torch.neg(a)
+        return a
+
+    popped = {}
+    for ordered in (False, True):
+        monkeypatch.setattr(driver, "ORDERED_FILL", ordered)
+        gm = fx.symbolic_trace(chain)
+        nodes = calls(gm)
+        anchors = {1: {key(nodes[0])}, 0: {key(nodes[0]), key(nodes[1])}}
+        index = OpIndex(gm.graph, groups=anchors)
+        work = Worklist(anchors)
+        for level in (1, 0):
+            work.fill(level, index.grouped[level], in_graph_order=True)
+        work.fill(0, [nodes[7], nodes[2]], in_graph_order=True)  # waiting already: nothing changes
+        order = [work.pop(), work.pop()]
+        work.push(nodes[0])
+        nodes[4].replace_all_uses_with(nodes[3])
+        gm.graph.erase_node(nodes[4])
+        order += list(iter(work.pop, None))
+        popped[ordered] = [(n.name, level) for n, level in order]
+    assert popped[True] == popped[False]
+    assert len(popped[True]) == 4 + 11 + 1 and ("neg", 1) in popped[True]

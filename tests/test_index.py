@@ -171,3 +171,24 @@ def test_the_index_answers_what_a_scan_of_the_graph_answers_after_random_edits(d
     keys = {k for n in graph.nodes for k in node_keys(n, canonical)} | {NEG, ("aten", "sigmoid")}
     for key in sorted(keys, key=repr):
         assert index.nodes(key) == scan(graph, key, canonical=canonical), key
+
+
+def test_a_group_of_keys_gathers_each_node_under_any_of_them_once_in_graph_order():
+    """``groups``: the nodes filed under any key of a group, as scanning the graph for each key and
+    merging in graph order gives them, a node with two keys in one group once (a permute that
+    swaps two dims is a transpose and a permute), a node in two groups in both."""
+    from fxrewrite._torch import node_position
+
+    def f(x):
+        a = torch.neg(x).permute(1, 0)
+        return torch.relu(a).neg() + torch.sigmoid(a.transpose(0, 1)) + a.permute(1, 0).relu()
+
+    gm = fx.symbolic_trace(f)
+    transpose, permute, relu = ("aten", "transpose"), ("aten", "permute"), ("aten", "relu")
+    groups = {"views": {transpose, permute}, "unary": {NEG, relu, permute}, "none": {("aten", "cos")}}
+    index = OpIndex(gm.graph, groups=groups)
+    for name, keys in groups.items():
+        expected = sorted({n for key in keys for n in scan(gm.graph, key)}, key=node_position)
+        assert index.grouped[name] == expected, name
+    assert len(index.grouped["views"]) == 3 and len(index.grouped["unary"]) == 6 and index.grouped["none"] == []
+    assert [n.name for n in index.nodes(transpose)] == ["permute", "transpose", "permute_1"]  # (the buckets as before)
