@@ -131,13 +131,17 @@ def _one_of_values(values: Sequence[Any], low: float, high: float) -> SearchStra
 
 def _small_floats(info: torch.finfo, low: float, high: float) -> SearchStrategy[float]:
     """Values close to 0 but not 0, log-uniform in magnitude between the smallest normal and
-    0.1, of either sign: where ``1 + x``, ``exp(x) - 1`` and friends lose digits."""
-    top = min(0.1, max(abs(low), abs(high)))
-    signs = [s for s in (1.0, -1.0) if (high >= info.tiny if s > 0 else low <= -info.tiny)]
-    if top <= info.tiny or not signs:
+    0.1, of either sign: where ``1 + x``, ``exp(x) - 1`` and friends lose digits. Only the signs
+    and magnitudes that ``[low, high]`` holds are drawn (bounds away from 0 hold none: drawn
+    and filtered out, a value made the whole draw invalid)."""
+    magnitudes = {sign: (max(info.tiny, least), min(0.1, most))
+                  for sign, least, most in ((1.0, low, high), (-1.0, -high, -low))}
+    held = {sign: bounds for sign, bounds in magnitudes.items() if bounds[0] <= bounds[1]}
+    if not held:
         return st.nothing()
-    exponents = st.floats(math.log10(info.tiny), math.log10(top))
-    values = st.tuples(exponents, st.sampled_from(signs)).map(lambda t: t[1] * 10.0 ** t[0])
+    bottom, top = min(b[0] for b in held.values()), max(b[1] for b in held.values())
+    exponents = st.floats(math.log10(bottom), math.log10(top))
+    values = st.tuples(exponents, st.sampled_from(list(held))).map(lambda t: t[1] * 10.0 ** t[0])
     return values.filter(lambda v: low <= v <= high)
 
 

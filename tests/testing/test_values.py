@@ -74,6 +74,32 @@ def test_special_values_are_drawn_beside_bounded_finite_ones(dtype):
     assert bool(((finite >= 0) & (finite <= 1)).all())
 
 
+def _invalid_share(strategy, tries=200) -> float:
+    """The share of ``tries`` random draws of ``strategy`` that Hypothesis threw away as invalid."""
+    from random import Random
+
+    from hypothesis.control import BuildContext
+    from hypothesis.errors import StopTest
+    from hypothesis.internal.conjecture.data import ConjectureData
+
+    invalid = 0
+    for seed in range(tries):
+        data = ConjectureData(random=Random(seed))
+        try:
+            with BuildContext(data, wrapped_test=None):
+                data.draw(strategy)
+        except StopTest:
+            invalid += 1
+    return invalid / tries
+
+
+@pytest.mark.parametrize("lo, hi", [(1.0, 1e6), (0.05, 2.0), (-3.0, -1e-3), (None, None), (0.0, 1.0)])
+def test_no_float_draw_is_thrown_away_whatever_the_bounds(lo, hi):
+    # small values (0 to 0.1) drawn and filtered out where the bounds hold none made 20% of
+    # draws invalid with min_value=1.0
+    assert _invalid_share(_values.elements(torch.float32, min_value=lo, max_value=hi, special_values=False)) == 0
+
+
 @pytest.mark.parametrize("dtype", INTEGERS, ids=str)
 def test_integers_fit_their_dtype_and_the_bounds_rounded_inwards(dtype):
     info = torch.iinfo(dtype)
