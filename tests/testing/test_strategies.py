@@ -481,12 +481,17 @@ def test_integer_tensors_are_often_masks_of_small_values():
     assert any(bool((t >= 2).any()) for t in masks), "masks hold values beyond 0 and 1"
 
 
-def _minimal(pattern, replacement, domain, **kw):
+def _minimal(pattern, replacement, domain, seeds=(None,), **kw):
+    """The counterexample of the first check (one per seed, ``None``: derandomized) that finds the
+    rule unsound."""
     from fxrewrite.testing import check_rule
 
-    result = check_rule(Rule.from_functions(pattern, replacement, name="r", domain=domain, **kw), repair=False)
-    assert result.verdict == "unsound", result.message
-    return result.counterexample
+    rule = Rule.from_functions(pattern, replacement, name="r", domain=domain, **kw)
+    for seed in seeds:
+        result = check_rule(rule, seed=seed, repair=False)
+        if result.verdict == "unsound":
+            return result.counterexample
+    raise AssertionError(f"no check of seeds {seeds} found the rule unsound: {result.message}")
 
 
 def test_a_subnormal_bug_shrinks_to_the_smallest_subnormal():
@@ -506,7 +511,10 @@ def test_a_bug_one_ulp_below_a_power_of_two_shrinks_to_the_smallest_such_value()
         return (torch.frexp(x).exponent - 1).to(x.dtype)  # log2 rounds up to 2**k just below it
 
     domain = {"dtypes": (torch.float32,), "min_value": 1.0, "max_value": 1e6, "special_values": False}
-    found = _minimal(pattern, replacement, domain)
+    # the claim is the shrinking; finding the bug is the search's luck: 27 of seeds 0-29 find it in
+    # 100 examples, the derandomized search does not (it did before the draws stopped throwing away
+    # the small floats these bounds exclude, when 16 of 30 seeds found it)
+    found = _minimal(pattern, replacement, domain, seeds=(1, 2))
     rule = Rule.from_functions(pattern, replacement, name="r")
     failing = [v for v in ulp_neighbours(torch.float32) if 1.0 <= v <= 1e6
                and evaluate(rule, {"x": torch.tensor(v)}) is not None]
@@ -590,7 +598,8 @@ def test_a_broadcasting_bug_is_not_hidden_by_overflow_and_shrinks_to_two_element
 # ---- the module's layout: a public face over private modules, one job each ----------------------
 
 #: The private modules behind fxrewrite.testing.strategies, in import order, then the face itself.
-_LAYERS = ("_values", "_domain", "_nn_modules", "_running", "_sizes", "_plan", "_probing", "_inputs", "strategies")
+_LAYERS = ("_reproducible", "_values", "_domain", "_nn_modules", "_running", "_sizes", "_plan", "_probing", "_inputs",
+           "strategies")
 
 
 @pytest.mark.slow
