@@ -44,7 +44,11 @@ def _float_bounds(dtype: torch.dtype, lo: float | None, hi: float | None) -> tup
     high = info.max if hi is None else min(float(hi), info.max)
     if low > high:
         raise ValueError(f"min_value={lo!r} is larger than max_value={hi!r} for {dtype}; swap them.")
-    return _representable(low, dtype, up=True), _representable(high, dtype, up=False)
+    low, high = _representable(low, dtype, up=True), _representable(high, dtype, up=False)
+    if low > high:
+        raise ValueError(f"no {dtype} value lies between min_value={lo!r} and max_value={hi!r}; widen the bounds "
+                         f"to hold {low!r} or {high!r}.")
+    return low, high
 
 
 def _unique(values: Iterable[Any]) -> list[Any]:

@@ -116,6 +116,9 @@ def test_booleans_are_both_values():
     (lambda: _values.elements(torch.complex64), "complex tensors are not drawn"),
     (lambda: _values.elements(torch.float16, min_value=1.0, max_value=0.5), "swap them"),
     (lambda: _values.elements(torch.uint8, min_value=-5, max_value=-1), r"no torch\.uint8 value lies between"),
+    (lambda: _values.elements(torch.float32, min_value=0.1, max_value=0.1), r"no torch\.float32 value lies between "
+                                                                            r"min_value=0\.1 and max_value=0\.1"),
+    (lambda: _values.elements(torch.bfloat16, min_value=1.001, max_value=1.002), "widen the bounds to hold 1.0078125"),
     (lambda: _values.tensors(dtypes=[]), "give at least one value"),
 ])
 def test_what_cannot_be_drawn_is_an_error_that_says_why(call, message):
