@@ -332,6 +332,13 @@ class _Screen:
         self._places = {r.name: i for i, r in enumerate(rules)}
         self.misses = 0  # visits at which no rule fired
 
+    def visited(self, applied: Rule | None, tallies: Mapping[str, _Tally]) -> None:
+        """A visit ended, ``applied`` the rule that fired (``None``: none did): count the attempts."""
+        if applied is None:
+            self.misses += 1
+        elif self.screened_out:
+            self.fired(applied, tallies)
+
     def fired(self, rule: Rule, tallies: Mapping[str, _Tally]) -> None:
         """``rule`` fired at a visit: the screened-out rules before it count an attempt each."""
         place = self._places[rule.name]
@@ -480,11 +487,7 @@ class Driver:
         node (a settled rule is not counted: the screen's bulk count does not know it)."""
         screen = self.rules.screen(node, level) if not self.settled else None
         if screen is not None:
-            applied = self._try(node, screen.passing, screen.keys)
-            if applied is None:
-                screen.misses += 1
-            elif screen.screened_out:
-                screen.fired(applied, self.tallies)
+            screen.visited(self._try(node, screen.passing, screen.keys), self.tallies)
             return
         self.rules.asked = None
         applied = self._try(node, self._rules_at(node, level))
@@ -506,13 +509,13 @@ class Driver:
                 keys = input_keys(node) if keys is None else keys
                 if not required <= keys:
                     continue
-            if self.anchor_classes and self._wrong_module(rule, node):
+            if self.anchor_classes and _wrong_module(self.anchor_classes.get(rule.name), node, self.modules):
                 continue
             refusal = None
             for match in matchers[rule.name](node):
                 # (the common case, no guard and nothing to place, without a call)
                 if rule.where or self.graph_writes or match.pattern.is_multi_output:
-                    refusal = self._refusal(rule, match)
+                    refusal = _refusal(rule, match, self._writers if self.graph_writes else None)
                 if refusal is None:
                     try:
                         self._apply(rule, match, tally)
@@ -522,21 +525,6 @@ class Driver:
             if refusal is not None:  # every match at this node was refused (a guard, or the engine): count it once
                 tally.refused(node, refusal)
         return None
-
-    def _wrong_module(self, rule: Rule, node: Node) -> bool:
-        """True when ``node`` calls a module that ``rule``'s anchor, a module capture's call, cannot
-        bind (:data:`FAST_MODULE_ANCHOR`): the search would refuse it first thing."""
-        cls = self.anchor_classes.get(rule.name)
-        return (FAST_MODULE_ANCHOR and cls is not None and node.op == "call_module"
-                and not isinstance(self.modules.get(str(node.target)), cls))
-
-    def _refusal(self, rule: Rule, match: Match) -> str | None:
-        """Why ``match`` cannot be applied (the engine's placement check, then the rule's guards)."""
-        if self.graph_writes or match.pattern.is_multi_output:  # else the anchor is the place
-            refusal = placement_refusal(match, self._writers if self.graph_writes else _no_writers)
-            if refusal is not None:
-                return refusal
-        return rule.refusal(match)
 
     def _rules_at(self, node: Node, level: int) -> Iterable[Rule]:
         """The rules of ``level`` to try at ``node`` (see :class:`_Candidates`)."""
@@ -587,7 +575,7 @@ class Driver:
         fires once per place instead of looping until the budget runs out."""
         if rule.anchor_key not in node_keys(new_anchor):
             return False
-        if self.anchor_classes and self._wrong_module(rule, new_anchor):
+        if self.anchor_classes and _wrong_module(self.anchor_classes.get(rule.name), new_anchor, self.modules):
             return False
         return any(_same_bindings(again.bindings, match.bindings) for again in self._matchers[rule.name](new_anchor))
 
@@ -625,6 +613,23 @@ class Driver:
     def applied_rules(self) -> str:
         """The rules applied and how often (``"relu_relu (4x)"``), or ``"none"``, for error messages."""
         return ", ".join(f"{name} ({t.applied}x)" for name, t in self.tallies.items() if t.applied) or "none"
+
+
+def _wrong_module(cls: type | None, node: Node, modules: Mapping[str, torch.nn.Module]) -> bool:
+    """True when ``node`` calls a module that a rule's anchor, a call of a module capture of class
+    ``cls``, cannot bind (:data:`FAST_MODULE_ANCHOR`): the search would refuse it first thing."""
+    return (FAST_MODULE_ANCHOR and cls is not None and node.op == "call_module"
+            and not isinstance(modules.get(str(node.target)), cls))
+
+
+def _refusal(rule: Rule, match: Match, writers: Callable[[Node], tuple[Node, ...] | None] | None) -> str | None:
+    """Why ``match`` cannot be applied: the engine's placement check (``writers``: what writes
+    into a value, ``None`` in a graph that writes nowhere in place), then the rule's guards."""
+    if writers is not None or match.pattern.is_multi_output:  # else the anchor is the place
+        refusal = placement_refusal(match, writers if writers is not None else _no_writers)
+        if refusal is not None:
+            return refusal
+    return rule.refusal(match)
 
 
 def _lint_after(graph: fx.Graph, rule: Rule) -> None:
