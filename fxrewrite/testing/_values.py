@@ -42,8 +42,10 @@ def _float_bounds(dtype: torch.dtype, lo: float | None, hi: float | None) -> tup
     info = torch.finfo(dtype)
     low = -info.max if lo is None else max(float(lo), -info.max)
     high = info.max if hi is None else min(float(hi), info.max)
-    if low > high:
+    if lo is not None and hi is not None and lo > hi:
         raise ValueError(f"min_value={lo!r} is larger than max_value={hi!r} for {dtype}; swap them.")
+    if low > high:  # both beyond the same end of the dtype's finite range
+        raise ValueError(f"no finite {dtype} value lies between min_value={lo!r} and max_value={hi!r}.")
     low, high = _representable(low, dtype, up=True), _representable(high, dtype, up=False)
     if low > high:
         raise ValueError(f"no {dtype} value lies between min_value={lo!r} and max_value={hi!r}; widen the bounds "
@@ -149,10 +151,17 @@ def _small_floats(info: torch.finfo, low: float, high: float) -> SearchStrategy[
     return values.filter(lambda v: low <= v <= high)
 
 
+def _whole_bounds(lo: float | None, hi: float | None, least: int, most: int) -> tuple[int, int]:
+    """The least and greatest whole numbers in ``[least, most]`` within ``lo`` and ``hi`` (``None``
+    or an infinite bound: no bound on that side); the first is the greater when there is none."""
+    low = least if lo is None or lo < least else math.ceil(min(lo, most + 1))
+    high = most if hi is None or hi > most else math.floor(max(hi, least - 1))
+    return low, high
+
+
 def _int_elements(dtype: torch.dtype, lo: float | None, hi: float | None) -> SearchStrategy[int]:
     info = torch.iinfo(dtype)
-    low = info.min if lo is None else max(info.min, math.ceil(lo))
-    high = info.max if hi is None else min(info.max, math.floor(hi))
+    low, high = _whole_bounds(lo, hi, info.min, info.max)
     if low > high:
         raise ValueError(f"no {dtype} value lies between min_value={lo!r} and max_value={hi!r}.")
     # 2**24 + 1 and 2**53 + 1 are the first integers that float32 and float64 cannot hold
@@ -337,9 +346,7 @@ def _mask_lists(dtype: torch.dtype, lo: float | None, hi: float | None,
                 most: int = MAX_DISTINCT_VALUES) -> SearchStrategy[list[int]]:
     """Integer tensors whose every value is small and not negative (0 to 3): masks, counts and
     indices, where ``x.bool()``, ``x * x == x`` or ``where(x, ...)`` tell 2 from 1."""
-    info = torch.iinfo(dtype)
-    low = max(0, info.min if lo is None else math.ceil(lo))
-    high = min(3, info.max if hi is None else math.floor(hi))
+    low, high = _whole_bounds(lo, hi, max(0, torch.iinfo(dtype).min), 3)
     if low > high:
         return st.nothing()
     return st.lists(st.integers(low, high), min_size=1, max_size=most)
@@ -349,8 +356,7 @@ def _tame_lists(lo: float | None, hi: float | None, most: int = MAX_DISTINCT_VAL
     """Float tensors whose every value is a small whole number (-3 to 3): sums, broadcasts and
     reductions stay finite and exact, so a difference cannot hide behind an overflow to inf or
     a rounding error within the tolerance."""
-    low = -3 if lo is None else max(-3, math.ceil(lo))
-    high = 3 if hi is None else min(3, math.floor(hi))
+    low, high = _whole_bounds(lo, hi, -3, 3)
     if low > high:
         return st.nothing()
     return st.lists(st.integers(low, high).map(float), min_size=1, max_size=most)

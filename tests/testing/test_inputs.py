@@ -150,3 +150,11 @@ def test_the_declared_domain_bounds_what_is_drawn():
     assert all(d["x"].dim() <= 1 and all(1 <= side <= 2 for side in d["x"].shape) for d in drawn)
     assert all(bool(d["x"].isfinite().all()) and bool((d["x"].abs() <= 1).all()) for d in drawn)
     assert any(d["x"].dim() == 0 for d in drawn)  # 0-d tensors are drawn where the domain allows them
+
+
+def test_a_domain_bounded_on_one_side_by_infinity_draws_every_dtype():
+    domain = {"dtypes": (torch.int64, torch.float32), "min_value": 0, "max_value": float("inf"),
+              "special_values": False}
+    drawn = draws(inputs_for(rule(lambda x: torch.neg(x), domain=domain)), 30)
+    assert {d["x"].dtype for d in drawn} == {torch.int64, torch.float32}
+    assert all(bool((d["x"] >= 0).all()) for d in drawn)

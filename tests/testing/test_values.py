@@ -108,6 +108,16 @@ def test_integers_fit_their_dtype_and_the_bounds_rounded_inwards(dtype):
     assert set(bounded) <= set(range(1, 7)) and {1, 6} <= set(bounded)
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.uint8, torch.float32], ids=str)
+def test_an_infinite_bound_is_no_bound_on_its_side(dtype):
+    # {"min_value": 0, "max_value": inf} says "not negative"; math.floor(inf) raised OverflowError
+    lists = draws(_values._value_lists(dtype, 4, 0.0, math.inf, False), 40)
+    assert lists and all(x >= 0 for v in lists for x in v) and any(x > 3 for v in lists for x in v)
+    assert all(x <= 0 for v in draws(_values._value_lists(dtype, 2, -math.inf, 0.0, False), 20) for x in v)
+    with pytest.raises(ValueError, match="lies between min_value=inf"):
+        _values.elements(dtype, min_value=math.inf)
+
+
 def test_booleans_are_both_values():
     assert set(draws(_values.elements(torch.bool), 20)) == {False, True}
 
