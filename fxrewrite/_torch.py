@@ -228,6 +228,21 @@ class FastNamespace(FxNamespace):
                 return known
         if not (candidate.isascii() and candidate.isidentifier()):
             return FxNamespace.create_name(self, candidate, obj)
+        candidate = self._fresh(candidate, obj)
+        if obj is not None:
+            self._obj_to_name[obj] = candidate
+        return candidate
+
+    def name_once(self, candidate: str) -> str:
+        """``create_name(candidate, obj)`` for an ``obj`` named here once only, that is no builtin
+        (a graph node: the code generator keeps its name itself): the same name and the same
+        used names and counts, without filing ``obj`` (``tests/test_torch.py`` checks both agree)."""
+        if not (candidate.isascii() and candidate.isidentifier()):
+            return FxNamespace.create_name(self, candidate, object())  # (an object of its own: filed, never asked)
+        return self._fresh(candidate, _NAMED_ONCE)
+
+    def _fresh(self, candidate: str, obj: object | None) -> str:
+        """fx's steps for a plain ASCII identifier (see the class docstring)."""
         head, _, tail = candidate.rpartition("_")
         suffixed = bool(head) and tail.isdigit()
         base = head if suffixed else candidate
@@ -244,9 +259,10 @@ class FastNamespace(FxNamespace):
             candidate = f"{base}_{num}"
         used.add(candidate)
         self._base_count[base] = num
-        if obj is not None:
-            self._obj_to_name[obj] = candidate
         return candidate
+
+
+_NAMED_ONCE = object()  # what :meth:`FastNamespace.name_once` names: no builtin, never filed
 
 fx_format_target = _fx_graph._format_target  # "self" + "a.b" -> "self.a.b" (getattr(...) for non-identifiers)
 fx_is_from_torch = _fx_graph._is_from_torch

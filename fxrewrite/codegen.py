@@ -265,10 +265,13 @@ class _Printer:
         return global_name
 
     def name(self, node: Node) -> str:
-        """The node's name in the code (fx's ``node_repr``: the namespace's name for it)."""
+        """The node's name in the code (fx's ``node_repr``: the namespace's name for it; named once
+        here, the node is not filed in the namespace too with :data:`FAST_NAMES`)."""
         name = self.names.get(node)
         if name is None:
-            name = self.names[node] = self.namespace.create_name(node.name, node)
+            namespace = self.namespace
+            name = self.names[node] = (namespace.name_once(node.name) if isinstance(namespace, FastNamespace)
+                                       else namespace.create_name(node.name, node))
         return name
 
     def type_repr(self, o: Any) -> str:

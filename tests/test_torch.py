@@ -156,6 +156,19 @@ def test_the_fast_namespace_names_as_fx_s_and_keeps_the_same_state():
         assert fast._obj_to_name == slow._obj_to_name
 
 
+def test_naming_once_names_as_fx_s_namespace_names_a_new_object_each_time():
+    """``FastNamespace.name_once`` (what the code generator names its nodes with) gives the names
+    fx's namespace gives fresh objects, non-identifiers and builtin names included, and keeps the
+    same used names and counts; with globals named in between (filed by object, as fx does)."""
+    slow, fast = _torch.FxNamespace(), _torch.FastNamespace()
+    for i, candidate in enumerate(_CANDIDATES):
+        assert fast.name_once(candidate) == slow.create_name(candidate, object()), candidate
+        if i % 5 == 0:
+            assert fast.create_name("add", getattr) == slow.create_name("add", getattr)
+    assert fast._used_names == slow._used_names and fast._base_count == slow._base_count
+    assert fast.create_name("list", list) == slow.create_name("list", list) == "list"  # a builtin, for itself
+
+
 def test_the_fast_namespace_names_builtins_for_their_own_object_as_fx_does():
     slow, fast = _torch.FxNamespace(), _torch.FastNamespace()
     for candidate, obj in [("getattr", getattr), ("list", list), ("getattr", None), ("len", object())]:
