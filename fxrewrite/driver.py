@@ -26,8 +26,11 @@ d users away). An input that lost a user is a new candidate only if it has no mo
 largest pattern has nodes (only then can it now be an inner node of a match). A value that a
 deletion made stand for a matched output (``neg(neg(x)) => x``) gained the output's users: those
 users read a new input, so they and what lies downstream of them are queued too, however many
-users that value has (the users it had before are no new candidates). The event does not name
-them, so the driver notes the matched outputs' users just before the splice.
+users that value has (the users it had before are no new candidates). Its users from before are
+not walked either when one of the users it gained lies beyond the furthest node popped and is no
+check node: no match anchored at a node popped already can hold the value as an inner node then
+(:data:`SHORT_DELETION_REQUEUE`). The event does not name the gained users, so the driver notes the
+matched outputs' users just before the splice.
 
 **Why it stops.** Every visit pops a node; a visit that rewrites nothing pushes nothing, so
 without rewrites the worklist drains (at most one visit per node and level). Each rewrite pushes
