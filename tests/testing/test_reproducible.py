@@ -29,10 +29,11 @@ def shifted(x):
     return recorded(x) + 1.0
 
 
-def drawn_by_a_check() -> str:
-    """A digest of every input a derandomized check of an always-sound rule ran."""
+def drawn_by_a_check(seed: int | None = None) -> str:
+    """A digest of every input a check of an always-sound rule ran (derandomized by default)."""
     DRAWN.clear()
-    result = check_rule(Rule.from_functions(shifted, shifted, name="shifted"), max_examples=150, repair=False)
+    result = check_rule(Rule.from_functions(shifted, shifted, name="shifted"), max_examples=40, seed=seed,
+                        repair=False)
     assert result.ok, result.message
     return hashlib.sha1(b"".join(t.to(torch.float64).numpy().tobytes() for t in DRAWN)).hexdigest()
 
@@ -57,12 +58,16 @@ def test_a_check_draws_the_same_inputs_after_a_module_with_constants_is_imported
     assert drawn_by_a_check() == before
 
 
+@pytest.mark.slow  # four searches
 def test_without_the_switch_the_imported_constants_change_the_draws(a_module_full_of_constants, monkeypatch):
-    """The test above can fail: Hypothesis's default draws depend on the process's imports."""
+    """The test above can fail: Hypothesis's default draws depend on the process's imports (a
+    constant is drawn now and then: of the two searches compared, one must differ; each does in
+    practice, even with 40 examples)."""
     monkeypatch.setattr(_reproducible, "OWN_CONSTANTS_ONLY", False)
-    before = drawn_by_a_check()
+    seeds = (None, 1)
+    before = [drawn_by_a_check(seed) for seed in seeds]
     a_module_full_of_constants()
-    assert drawn_by_a_check() != before
+    assert [drawn_by_a_check(seed) for seed in seeds] != before
 
 
 def test_the_callers_lookup_and_cache_are_back_after_the_check(a_module_full_of_constants):
