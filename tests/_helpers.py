@@ -12,7 +12,9 @@ module (it imports fxrewrite at module level), as the loader skips ``_``-prefixe
   and the standard library, loaded once (:func:`standard_rules`);
 * a small Hugging Face GPT-2 with eager attention and the rule that turns its attention into
   ``scaled_dot_product_attention`` (:func:`tiny_eager_gpt2`, :func:`hf_attention_rule`);
-* :func:`counting_calls`, the measure of work of the linear-cost tests.
+* :func:`counting_calls`, the measure of work of the linear-cost tests;
+* :func:`draws` and :func:`replayed`, deterministic draws of a Hypothesis strategy for the
+  checker's mirror tests.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
+from hypothesis import HealthCheck, given, settings
 
 import fxrewrite
 from fxrewrite import Rule
@@ -291,3 +294,36 @@ def folded_conv(conv: Any, bn: Any, *, with_bias: bool = True) -> Any:
         fused.weight.copy_(conv.weight * scale.reshape(-1, 1, 1, 1))
         fused.bias.copy_((bias - bn.running_mean) * scale + bn.bias)
     return fused
+
+
+# ---- deterministic draws of a strategy -------------------------------------------------------------
+
+
+def draws(strategy: Any, n: int = 60) -> list[Any]:
+    """``n`` deterministic draws of ``strategy`` (derandomized, no database; the valid ones only)."""
+    seen: list[Any] = []
+
+    @settings(max_examples=n, database=None, derandomize=True, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(strategy)
+    def collect(value: Any) -> None:
+        seen.append(value)
+
+    collect()
+    return seen
+
+
+def replayed(first: Any, second: Any, seed: int) -> tuple[Any, Any]:
+    """A value drawn from the strategy ``first`` at random, and the strategy ``second``'s value
+    for the same choices (a fast draw against its slow twin)."""
+    from random import Random
+
+    from hypothesis.control import BuildContext
+    from hypothesis.internal.conjecture.data import ConjectureData
+
+    data = ConjectureData(random=Random(seed))
+    with BuildContext(data, wrapped_test=None):
+        value = data.draw(first)
+    replay = ConjectureData.for_choices(data.choices)
+    with BuildContext(replay, wrapped_test=None):
+        return value, replay.draw(second)

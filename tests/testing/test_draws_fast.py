@@ -22,6 +22,7 @@ from __future__ import annotations
 import attrs
 import pytest
 import torch
+from _helpers import replayed
 from hypothesis import HealthCheck, given, settings
 
 from fxrewrite import Rule
@@ -429,21 +430,6 @@ def test_capped_and_uncapped_value_lists_keep_the_inputs_accepted_and_varied(mon
 # -- flattened value draws ------------------------------------------------------------------------
 
 
-def _replayed(first, second, seed: int):  # type: ignore[no-untyped-def]
-    """A value drawn from ``first`` at random, and ``second``'s value for the same choices."""
-    from random import Random
-
-    from hypothesis.control import BuildContext
-    from hypothesis.internal.conjecture.data import ConjectureData
-
-    data = ConjectureData(random=Random(seed))
-    with BuildContext(data, wrapped_test=None):
-        value = data.draw(first)
-    replay = ConjectureData.for_choices(data.choices)
-    with BuildContext(replay, wrapped_test=None):
-        return value, replay.draw(second)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64, torch.uint8], ids=str)
 @pytest.mark.parametrize("bounds", [(None, None, True), (-4.0, 4.0, False)], ids=["any", "bounded"])
 def test_a_flattened_element_draws_what_the_one_of_draws_for_the_same_choices(dtype, bounds):
@@ -454,7 +440,7 @@ def test_a_flattened_element_draws_what_the_one_of_draws_for_the_same_choices(dt
     seen = set()
     for seed in range(150):
         for first, second in ((plain, flat), (flat, plain)):
-            a, b = _replayed(first, second, seed)
+            a, b = replayed(first, second, seed)
             assert repr(a) == repr(b), (seed, a, b)  # repr: nan is nan, -0.0 is not 0.0
             seen.add(repr(a))
     assert len(seen) > (30 if dtype.is_floating_point else 4)  # every group drawn: simple, extreme, moderate...

@@ -4,9 +4,9 @@ module captures checked buildable) and the strategy ``inputs_for`` makes of it."
 
 from __future__ import annotations
 
+import _helpers
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
 from torch import nn
 
 from fxrewrite import Rule
@@ -16,17 +16,8 @@ from fxrewrite.testing._inputs import _module_consumers, inputs_for, plan_inputs
 
 
 def draws(strategy, n=30):
-    """``n`` deterministic draws of ``strategy`` (valid ones only)."""
-    seen = []
-
-    @settings(max_examples=n, database=None, derandomize=True, deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(strategy)
-    def collect(value):
-        seen.append(value)
-
-    collect()
-    return seen
+    """``n`` deterministic draws of ``strategy`` (:func:`_helpers.draws`; 30 by default here)."""
+    return _helpers.draws(strategy, n)
 
 
 def rule(pattern, **kw):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 
+import _helpers
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, find, given, settings
+from hypothesis import Phase, find, given, settings
 from torch import nn
 
 from fxrewrite import Rule
@@ -22,17 +23,8 @@ from fxrewrite.testing.strategies import (
 
 
 def draws(strategy, n=100):
-    """``n`` deterministic draws of ``strategy`` (valid ones only)."""
-    seen = []
-
-    @settings(max_examples=n, database=None, derandomize=True, deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(strategy)
-    def collect(value):
-        seen.append(value)
-
-    collect()
-    return seen
+    """``n`` deterministic draws of ``strategy`` (:func:`_helpers.draws`; 100 by default here)."""
+    return _helpers.draws(strategy, n)
 
 
 def minimal(strategy, condition):

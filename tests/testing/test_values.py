@@ -9,23 +9,9 @@ import math
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from _helpers import draws, replayed
 
 from fxrewrite.testing import _values
-
-
-def draws(strategy, n=60):
-    """``n`` deterministic draws of ``strategy`` (the ``ci`` profile's bound, derandomized)."""
-    seen = []
-
-    @settings(max_examples=n, database=None, derandomize=True, deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(strategy)
-    def collect(value):
-        seen.append(value)
-
-    collect()
-    return seen
 
 
 # -- the switches of the value lists ----------------------------------------------------------------
@@ -229,21 +215,6 @@ def test_cycle_and_plant_fill_and_mark_a_list():
 # -- the flattened draw against its slow twin --------------------------------------------------------------
 
 
-def _replayed(first, second, seed):
-    """A value drawn from ``first`` at random, and ``second``'s value for the same choices."""
-    from random import Random
-
-    from hypothesis.control import BuildContext
-    from hypothesis.internal.conjecture.data import ConjectureData
-
-    data = ConjectureData(random=Random(seed))
-    with BuildContext(data, wrapped_test=None):
-        value = data.draw(first)
-    replay = ConjectureData.for_choices(data.choices)
-    with BuildContext(replay, wrapped_test=None):
-        return value, replay.draw(second)
-
-
 @pytest.mark.parametrize("dtype, bounds", [
     (torch.float32, (None, None, True)), (torch.bfloat16, (-4.0, 4.0, False)), (torch.int32, (None, None, True)),
 ], ids=str)
@@ -255,5 +226,5 @@ def test_a_value_list_drawn_flat_is_the_slow_twins_list_for_the_same_choices(dty
     assert "flat(" in repr(flat) and "flat(" not in repr(slow)
     for seed in range(40):
         for first, second in ((flat, slow), (slow, flat)):
-            a, b = _replayed(first, second, seed)
+            a, b = replayed(first, second, seed)
             assert repr(a) == repr(b), (seed, a, b)  # repr: nan is nan, -0.0 is not 0.0
