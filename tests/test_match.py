@@ -261,25 +261,11 @@ def _every_tree_match(gm: fx.GraphModule, rules, *, trees: bool, via_matcher: bo
         match.FAST_TREES = saved
 
 
-def test_tree_patterns_matched_by_closures_are_the_matches_of_the_compiled_walk(monkeypatch):
-    """``FAST_TREES``: the same matches (bindings, nodes, outputs, and the node map in its order)
-    as the compiled walk, on a program where the closures decide (plain chains) and where they
-    must hand over (an identity looked through, a keyword call, a shared inner node, a user
-    outside the match, a respelled call, a literal that differs)."""
+def _count_tree_decisions(monkeypatch) -> dict[str, int]:
+    """Counts, from now on, the tries the tree closures decide and those they hand over to the
+    slow path (programs compiled afresh, with the counting closures)."""
     import fxrewrite.match as match
 
-    def program(x, y):
-        a = torch.neg(torch.neg(x)) + torch.relu(torch.abs(torch.sin(y)))
-        b = torch.neg(torch.nn.functional.dropout(torch.neg(a), p=0.0, training=False))  # an identity between
-        c = torch.neg(x.float())  # a no-op cast looked through by the variable
-        shared = torch.neg(b)
-        d = torch.neg(shared) * torch.sin(shared)  # the inner neg has a user outside the match
-        e = torch.sub(torch.neg(d), c, alpha=1) + torch.sub(torch.neg(d), y)  # keywords, then as written
-        f = torch.clamp(torch.neg(e), -1.0, 1.0) + torch.clamp(torch.neg(e), -1.0, 2.0)  # the literal differs
-        return f + torch.relu(torch.abs(torch.sin(f[:, None].squeeze(1)))), torch.neg(torch.neg(2 * x))
-
-    rules = _tree_rules()
-    gm = fx.symbolic_trace(program)
     decided = {"closures": 0, "handed over": 0}
     real = match._tree_matcher
 
@@ -296,6 +282,28 @@ def test_tree_patterns_matched_by_closures_are_the_matches_of_the_compiled_walk(
 
     monkeypatch.setattr(match, "_tree_matcher", counting)
     monkeypatch.setattr(match, "_programs", type(match._programs)())  # programs built with the spy
+    return decided
+
+
+def test_tree_patterns_matched_by_closures_are_the_matches_of_the_compiled_walk(monkeypatch):
+    """``FAST_TREES``: the same matches (bindings, nodes, outputs, and the node map in its order)
+    as the compiled walk, on a program where the closures decide (plain chains) and where they
+    must hand over (an identity looked through, a keyword call, a shared inner node, a user
+    outside the match, a respelled call, a literal that differs)."""
+
+    def program(x, y):
+        a = torch.neg(torch.neg(x)) + torch.relu(torch.abs(torch.sin(y)))
+        b = torch.neg(torch.nn.functional.dropout(torch.neg(a), p=0.0, training=False))  # an identity between
+        c = torch.neg(x.float())  # a no-op cast looked through by the variable
+        shared = torch.neg(b)
+        d = torch.neg(shared) * torch.sin(shared)  # the inner neg has a user outside the match
+        e = torch.sub(torch.neg(d), c, alpha=1) + torch.sub(torch.neg(d), y)  # keywords, then as written
+        f = torch.clamp(torch.neg(e), -1.0, 1.0) + torch.clamp(torch.neg(e), -1.0, 2.0)  # the literal differs
+        return f + torch.relu(torch.abs(torch.sin(f[:, None].squeeze(1)))), torch.neg(torch.neg(2 * x))
+
+    rules = _tree_rules()
+    gm = fx.symbolic_trace(program)
+    decided = _count_tree_decisions(monkeypatch)
     fast = _every_tree_match(gm, rules, trees=True)
     assert fast == _every_tree_match(gm, rules, trees=False)
     assert len(fast) >= 5 and decided["closures"] >= 20 and decided["handed over"] >= 3, (len(fast), decided)
@@ -447,25 +455,9 @@ def test_module_patterns_matched_by_closures_are_the_matches_of_the_search(monke
     or bound by a capture accepting hooks), a subclass overriding ``forward`` or nothing, a
     submodule deleted after tracing, a module called twice, a conv whose value is used outside
     the match, a keyword call and an identity module between the calls (both handed over)."""
-    import fxrewrite.match as match
 
     gm, rules = _blocks_graph(), _module_rules()
-    decided = {"closures": 0, "handed over": 0}
-    real = match._tree_matcher
-
-    def counting(pattern, program):
-        tree = real(pattern, program)
-        if tree is None:
-            return None
-
-        def spy(anchor, modules):
-            found = tree(anchor, modules)
-            decided["handed over" if found is match._FALLBACK else "closures"] += 1
-            return found
-        return spy
-
-    monkeypatch.setattr(match, "_tree_matcher", counting)
-    monkeypatch.setattr(match, "_programs", type(match._programs)())  # programs built with the spy
+    decided = _count_tree_decisions(monkeypatch)
     searched = _every_module_match(gm, rules, trees=False, via_matcher=False)
     assert _every_module_match(gm, rules, trees=True, via_matcher=False) == searched
     assert _every_module_match(gm, rules, trees=True, via_matcher=True) == searched
