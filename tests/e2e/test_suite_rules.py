@@ -82,6 +82,38 @@ def test_an_unmarked_test_over_the_cpu_limit_fails_and_says_what_to_do(suite):
     assert "test_first_use_of_a_module took" not in result.stdout.str()
 
 
+HEAPED = """
+import gc
+
+HEAP = [[i] for i in range(600_000)]  # what a full run keeps alive: each full collection walks it
+
+
+def test_full_collections_over_a_large_heap():
+    for _ in range(8):
+        gc.collect()
+"""
+
+#: The line of tests/conftest.py that leaves full collections out of a test's CPU time.
+_UNCHARGED = "spent = cpu_seconds() - start - (_FULL_COLLECTIONS.seconds - collecting)\n"
+
+
+@pytest.mark.parametrize("charged", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["as-shipped", "collections-charged"])
+def test_full_garbage_collections_are_not_charged_to_the_test_that_triggers_them(pytester, charged):
+    """A full collection walks every object the process keeps alive and falls on whichever test
+    allocates past the threshold: the one-second rule leaves it out (with the conftest charging
+    it, the same test fails, which shows the case is one the rule must handle)."""
+    text = CONFTEST.read_text()
+    assert "SLOW_SECONDS = 1.0\n" in text and _UNCHARGED in text
+    text = text.replace("SLOW_SECONDS = 1.0\n", "SLOW_SECONDS = 0.1\n")
+    if charged:
+        text = text.replace(_UNCHARGED, "spent = cpu_seconds() - start\n")
+    pytester.makeconftest(text)
+    pytester.makepyfile(test_heaped=HEAPED)
+    result = pytester.runpytest("-p", "no:fxrewrite", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=0 if charged else 1, failed=1 if charged else 0)
+
+
 # ---- assert_same_outputs, the comparison behind assert_rewrite_sound -------------------------------------
 
 
