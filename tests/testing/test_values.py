@@ -13,7 +13,6 @@ from _helpers import draws, replayed
 
 from fxrewrite.testing import _values
 
-
 # -- the switches of the value lists ----------------------------------------------------------------
 
 
