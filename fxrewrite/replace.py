@@ -46,6 +46,7 @@ from .canon import (
     METADATA_ATTRIBUTES,
     METADATA_METHODS,
     aten_spelling,
+    effects,
     is_aten_graph,
     mutation,
     result_kind,
@@ -262,7 +263,7 @@ class _ReplacementTracer(fx.Tracer):
         if base is None:
             base = self._bases[prefix] = re.sub(r"\W", "_", prefix)
         k = self._next_suffix.get(base, 0)
-        while hasattr(self.root, f"{base}_{k}"):
+        while _has_attribute(self.root, f"{base}_{k}"):
             k += 1
         self._next_suffix[base] = k + 1
         return f"{base}_{k}"
@@ -292,6 +293,17 @@ class _ReplacementTracer(fx.Tracer):
                 self._tensor_paths.pop(id(value), None)
         self.created = []
         self.new_attributes = []
+
+
+def _has_attribute(module: torch.nn.Module, name: str) -> bool:
+    """``hasattr(module, name)``, read from the module's tables where that is all it would read
+    (:func:`~fxrewrite.canon.effects.plain_attribute`; its slow twin, ``FAST_MODULE_ATTRIBUTES``
+    off: ``hasattr``, whose miss raises inside ``nn.Module.__getattr__``)."""
+    if effects.FAST_MODULE_ATTRIBUTES:
+        found = effects.plain_attribute(module, name)
+        if found is not effects.UNSURE:
+            return found is not effects.ABSENT
+    return hasattr(module, name)
 
 
 #: Mark where a graph's fresh names stand before a replacement runs by journaling the name counts

@@ -488,3 +488,40 @@ def _names_made(gm: fx.GraphModule) -> list[fx.Node]:
         return [erased, graph.call_function(torch.neg, (x,)), graph.call_function(torch.sinh, (x,)),
                 graph.create_node("call_function", torch.cosh, (x,), name="cosh_7"),
                 graph.call_function(torch.neg, (x,))]
+
+
+class _Taken(fx.GraphModule):
+    """A GraphModule whose class takes names a replacement's new module could get."""
+
+    fresh_sigmoid_1 = 3
+
+    @property
+    def fresh_sigmoid_3(self):
+        return 3
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_new_module_takes_the_first_name_no_attribute_of_the_target_has(monkeypatch, fast):
+    """The fresh names of new modules (``FAST_MODULE_ATTRIBUTES``: read from the module's tables,
+    its slow twin ``hasattr``) pass over a buffer, a class attribute, a parameter, a property, a
+    plain attribute and a submodule of the target that hold the names a rule would take."""
+    from fxrewrite.canon import effects
+
+    monkeypatch.setattr(effects, "FAST_MODULE_ATTRIBUTES", fast)
+
+    def program(a):
+        return [torch.sigmoid(a * k) for k in range(1, 5)]
+
+    gm = _Taken(torch.nn.Module(), fx.symbolic_trace(program).graph)
+    gm.register_buffer("fresh_sigmoid_0", torch.zeros(1))
+    gm.register_parameter("fresh_sigmoid_2", torch.nn.Parameter(torch.zeros(1)))
+    gm.fresh_sigmoid_4 = "taken"
+    gm.add_module("fresh_sigmoid_5", torch.nn.Identity())
+    result = rewrite(gm, Rule.from_functions(lambda x: torch.sigmoid(x), lambda x: torch.nn.Sigmoid()(x), name="fresh"),
+                     inplace=True)
+    result.module.graph.lint()
+    called = [n.target for n in result.module.graph.nodes if n.op == "call_module"]
+    assert called == ["fresh_sigmoid_6", "fresh_sigmoid_7", "fresh_sigmoid_8", "fresh_sigmoid_9"]
+    a = torch.randn(3)
+    for got, expected in zip(result.module(a), program(a)):
+        torch.testing.assert_close(got, expected)

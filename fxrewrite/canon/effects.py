@@ -51,7 +51,7 @@ def mutation(node: Node) -> str | None:
         return "passes inplace=True"
     if node.op == "call_module":
         module = _submodule(node)
-        return f"calls the in-place module '{node.target}'" if getattr(module, "inplace", False) is True else None
+        return f"calls the in-place module '{node.target}'" if _inplace_attribute(module) is True else None
     if node.op not in ("call_method", "call_function"):
         return None
     key = (node.op, node.target)
@@ -162,11 +162,94 @@ def _held_in(target: Any, table: Any) -> bool:
 
 
 def _submodule(node: Node) -> Any:
+    """The module a ``call_module`` node calls (``get_submodule``), ``None`` when there is none."""
     owner = node.graph.owning_module
+    if owner is None:
+        return None
+    if FAST_MODULE_ATTRIBUTES:
+        found = _plain_submodule(owner, str(node.target))
+        if found is not UNSURE:
+            return found
     try:
-        return owner.get_submodule(str(node.target)) if owner is not None else None
+        return owner.get_submodule(str(node.target))
     except AttributeError:
         return None
+
+
+def _inplace_attribute(module: Any) -> Any:
+    """``getattr(module, "inplace", False)``."""
+    if FAST_MODULE_ATTRIBUTES and module is not None:
+        found = plain_attribute(module, "inplace")
+        if found is not UNSURE:
+            return False if found is ABSENT else found
+    return getattr(module, "inplace", False)
+
+
+# -- module attributes read without a failed lookup -------------------------------------------
+
+#: Read a module's attribute from its own tables where that is all ``getattr`` would read
+#: (:func:`plain_attribute`); ``False`` (the slow twin): ``getattr``, ``hasattr`` and
+#: ``get_submodule``, whose failed lookups raise an ``AttributeError`` inside ``nn.Module.__getattr__``
+#: (``mutation`` of a ``call_module`` node asked one per node; ``tests/canon/test_effects.py``
+#: checks both agree on modules whose classes look attributes up otherwise).
+FAST_MODULE_ATTRIBUTES = True
+#: What :func:`plain_attribute` answers for a module that has no such attribute.
+ABSENT: Any = object()
+#: What :func:`plain_attribute` answers when it cannot tell: ask ``getattr``.
+UNSURE: Any = object()
+_MODULE_GETATTR = torch.nn.Module.__getattr__
+_OBJECT_GETATTRIBUTE: Any = object.__getattribute__
+_GET_SUBMODULE = torch.nn.Module.get_submodule
+
+
+def plain_attribute(module: Any, name: str) -> Any:
+    """``getattr(module, name)`` for a module whose class looks attributes up as ``nn.Module``
+    does and defines nothing called ``name`` (no class attribute, property or slot anywhere in
+    its MRO): its instance dict, then its parameter, buffer and submodule tables, read as
+    ``nn.Module.__getattr__`` reads them. :data:`ABSENT` when none holds ``name`` (``getattr``
+    would raise ``AttributeError``); :data:`UNSURE` for every other module (a class overriding
+    ``__getattr__`` or ``__getattribute__``, or naming ``name``): ask ``getattr``.
+
+    >>> conv = torch.nn.Conv2d(1, 1, 1)
+    >>> plain_attribute(conv, "inplace") is ABSENT, plain_attribute(conv, "weight") is conv.weight
+    (True, True)
+    >>> plain_attribute(conv, "forward") is UNSURE  # a method: a class attribute
+    True
+    """
+    cls = type(module)
+    if getattr(cls, "__getattr__", None) is not _MODULE_GETATTR or cls.__getattribute__ is not _OBJECT_GETATTRIBUTE:
+        return UNSURE
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return UNSURE
+    own = module.__dict__
+    if name in own:
+        return own[name]
+    for table in ("_parameters", "_buffers", "_modules"):  # nn.Module.__getattr__, in its order
+        if table in own:
+            held = own[table]
+            if name in held:
+                return held[name]
+    return ABSENT
+
+
+def _plain_submodule(owner: Any, target: str) -> Any:
+    """``owner.get_submodule(target)`` read with :func:`plain_attribute` (``None`` where it raises
+    ``AttributeError``), or :data:`UNSURE` when a module on the path is not plain or ``owner``'s
+    class has a ``get_submodule`` of its own."""
+    if getattr(type(owner), "get_submodule", None) is not _GET_SUBMODULE:
+        return UNSURE
+    if target == "":
+        return owner
+    module = owner
+    for item in target.split("."):
+        found = plain_attribute(module, item)
+        if found is UNSURE:
+            return UNSURE
+        if found is ABSENT or not isinstance(found, torch.nn.Module):
+            return None
+        module = found
+    return module
 
 
 def aliased_inputs(node: Node) -> tuple[Node, ...]:

@@ -164,3 +164,165 @@ def test_writes_in_place_says_what_asking_mutation_of_every_node_says():
         assert [writes_in_place(nodes), writes_in_place(nodes)] == [slow, slow], nodes[-1]  # filled, then read
         writes += slow
     assert writes >= 8
+
+
+# ---- module attributes read from the module's tables (FAST_MODULE_ATTRIBUTES) ----------------------------------------
+
+
+class _ClassFlag(torch.nn.Identity):
+    inplace = True
+
+
+class _PropertyFlag(torch.nn.Identity):
+    @property
+    def inplace(self):
+        return True
+
+
+class _SlottedFlag(torch.nn.Identity):
+    __slots__ = ("inplace",)
+
+
+class _OwnGetattr(torch.nn.Identity):
+    def __getattr__(self, name):
+        return True if name == "inplace" else super().__getattr__(name)
+
+
+class _OwnGetattribute(torch.nn.Identity):
+    def __getattribute__(self, name):
+        return True if name == "inplace" else super().__getattribute__(name)
+
+
+class _OwnGetSubmodule(fx.GraphModule):
+    def get_submodule(self, target):
+        return torch.nn.ReLU(inplace=True)
+
+
+def _holding(kind):
+    """A module whose ``inplace`` is held in its ``kind`` table (parameter, buffer, submodule)."""
+    module = torch.nn.Identity()
+    if kind == "parameter":
+        module.register_parameter("inplace", torch.nn.Parameter(torch.ones(1)))
+    elif kind == "buffer":
+        module.register_buffer("inplace", torch.ones(1))
+    else:
+        module.add_module("inplace", torch.nn.ReLU())
+    return module
+
+
+def _slotted_set():
+    module = _SlottedFlag()
+    object.__setattr__(module, "inplace", True)
+    return module
+
+
+def _instance_true_by_dict():
+    module = torch.nn.Identity()
+    module.__dict__["inplace"] = True
+    return module
+
+
+MODULES_NAMING_INPLACE = {
+    # name: (make the module, does calling it write in place?)
+    "in-place ReLU": (lambda: torch.nn.ReLU(inplace=True), True),
+    "out-of-place ReLU": (lambda: torch.nn.ReLU(), False),
+    "no such attribute": (lambda: torch.nn.Conv2d(1, 1, 1), False),
+    "inplace=1, not True": (lambda: torch.nn.Hardtanh(inplace=1), False),
+    "instance dict": (_instance_true_by_dict, True),
+    "class attribute": (_ClassFlag, True),
+    "property": (_PropertyFlag, True),
+    "slot, set": (_slotted_set, True),
+    "slot, unset": (_SlottedFlag, False),
+    "parameter named inplace": (lambda: _holding("parameter"), False),
+    "buffer named inplace": (lambda: _holding("buffer"), False),
+    "submodule named inplace": (lambda: _holding("submodule"), False),
+    "own __getattr__": (_OwnGetattr, True),
+    "own __getattribute__": (_OwnGetattribute, True),
+}
+
+
+def _calling(modules, target, owner_class=fx.GraphModule):
+    """A ``call_module`` node of ``target`` in an ``owner_class`` GraphModule holding ``modules``
+    (dotted paths; the first is called while the module is built)."""
+    root = torch.nn.Module()
+    for path, module in modules.items():
+        parent = root
+        *parents, last = path.split(".")
+        for part in parents:
+            if part not in parent._modules:
+                parent.add_module(part, torch.nn.Module())
+            parent = parent._modules[part]
+        parent.add_module(last, module)
+    graph = fx.Graph()
+    node = graph.call_module(next(iter(modules)), (graph.placeholder("x"),))
+    graph.output(node)
+    gm = owner_class(root, graph)
+    node.target = target
+    return gm, node
+
+
+def _mutation_both_ways(node):
+    from fxrewrite.canon import effects
+
+    effects.FAST_MODULE_ATTRIBUTES = False
+    try:
+        slow = mutation(node)
+    finally:
+        effects.FAST_MODULE_ATTRIBUTES = True
+    return slow, mutation(node)
+
+
+@pytest.mark.parametrize("name", sorted(MODULES_NAMING_INPLACE))
+def test_mutation_of_a_module_call_reads_inplace_as_getattr_does(name):
+    """The fast read of a called module's ``inplace`` against ``getattr``: class attributes,
+    properties, slots, parameters, buffers and submodules named ``inplace``, classes with a
+    ``__getattr__`` or ``__getattribute__`` of their own (one module per row, at a nested path)."""
+    make, writes = MODULES_NAMING_INPLACE[name]
+    gm, node = _calling({"block.layer": make()}, "block.layer")
+    gm.graph.lint()
+    slow, fast = _mutation_both_ways(node)
+    assert slow == fast
+    assert (fast is not None) is writes
+
+
+def test_mutation_of_a_module_call_finds_the_module_as_get_submodule_does():
+    """Paths that do not lead to a module (missing, through a parameter, a submodule set to
+    ``None``) and an owner with a ``get_submodule`` of its own: fast and slow agree."""
+    relu = torch.nn.ReLU(inplace=True)
+    plain = fx.GraphModule
+    cases = [({"a.relu": relu}, "a.relu", plain, True),
+             ({"a.relu": relu}, "a.missing", plain, False),
+             ({"a.relu": relu}, "b.relu", plain, False),
+             ({"a.relu": relu}, "a.relu.weight", plain, False),
+             ({"lin": torch.nn.Linear(1, 1)}, "lin.weight", plain, False),
+             ({"a.relu": relu}, "a.relu", _OwnGetSubmodule, True),
+             ({"a.relu": torch.nn.ReLU()}, "a.relu", _OwnGetSubmodule, True),
+             ({"a.relu": relu}, "a", plain, False),
+             ({"a.relu": relu}, "", plain, False)]
+    for modules, target, owner_class, writes in cases:
+        gm, node = _calling(modules, target, owner_class)
+        slow, fast = _mutation_both_ways(node)
+        assert slow == fast, (target, owner_class)
+        assert (fast is not None) is writes, (target, owner_class)
+    lin = torch.nn.Linear(1, 1)
+    lin.weight.inplace = True  # a tensor is not a module, whatever it says
+    gm, node = _calling({"lin": lin}, "lin.weight")
+    assert _mutation_both_ways(node) == (None, None)
+    gm, node = _calling({"a.relu": relu}, "a.relu")
+    gm.get_submodule("a").register_module("relu", None)
+    assert _mutation_both_ways(node) == (None, None)
+
+
+def test_plain_attribute_answers_what_getattr_answers_or_declines():
+    from fxrewrite.canon.effects import ABSENT, UNSURE, plain_attribute
+
+    for name, (make, _) in sorted(MODULES_NAMING_INPLACE.items()):
+        module = make()
+        found = plain_attribute(module, "inplace")
+        if found is ABSENT:
+            assert not hasattr(module, "inplace"), name
+        elif found is not UNSURE:
+            assert found is module.inplace, name
+    assert plain_attribute(_ClassFlag(), "inplace") is UNSURE  # the class names it
+    assert plain_attribute(_OwnGetattr(), "anything") is UNSURE
+    assert plain_attribute(torch.nn.ReLU(inplace=True), "inplace") is True
