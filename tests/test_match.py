@@ -301,6 +301,9 @@ def test_tree_patterns_matched_by_closures_are_the_matches_of_the_compiled_walk(
         f = torch.clamp(torch.neg(e), -1.0, 1.0) + torch.clamp(torch.neg(e), -1.0, 2.0)  # the literal differs
         return f + torch.relu(torch.abs(torch.sin(f[:, None].squeeze(1)))), torch.neg(torch.neg(2 * x))
 
+    import fxrewrite.match as match
+
+    monkeypatch.setattr(match, "FAST_CHAINS", False)  # the closures themselves (chains: the test below)
     rules = _tree_rules()
     gm = fx.symbolic_trace(program)
     decided = _count_tree_decisions(monkeypatch)
@@ -337,6 +340,76 @@ def test_a_matcher_kept_per_pattern_finds_the_matches_of_match_at(monkeypatch):
         assert len(found) >= 4 and {"neg_neg", "relu_abs_sin", "sub_neg", "clamp_neg"} <= {m[0] for m in found}
         if trees:  # the matcher handed over without trying the closures again, and match_at tried them
             assert handed.count(False) >= 3 and handed.count(True) >= 3, handed
+
+
+# -- chains of one-argument calls matched by one loop, against the tree closures ---------------------
+
+
+def _chain_program(x, y):
+    a = torch.neg(torch.neg(x)) + torch.relu(torch.abs(torch.sin(y)))  # chains the loop decides
+    b = torch.neg(torch.nn.functional.dropout(torch.neg(a), p=0.0, training=False))  # an identity between
+    c = torch.neg(torch.neg(x.float())) + torch.neg(torch.neg(y * 1))  # variables behind identities
+    shared = torch.neg(b)
+    d = torch.neg(shared) * torch.sin(shared)  # the inner neg read outside the match
+    e = d.neg().neg() + torch.neg(d.neg()) + torch.neg(torch.neg(d, out=None))  # spelt as methods, a keyword
+    f = torch.neg(torch.neg(x.size(0))) + torch.relu(torch.abs(torch.sin(torch.neg(torch.neg(e)))))  # a size; overlaps
+    return c + f, torch.neg(torch.neg(torch.neg(c)))
+
+
+def _decision(found) -> object:
+    """What a tree matcher decided, comparable: the match's fields, ``None``, or handed over."""
+    import fxrewrite.match as match
+
+    if found is match._FALLBACK:
+        return "handed over"
+    if found is None:
+        return None
+    return (found.pattern, dict(found.bindings), found.nodes, found.outputs, found.anchor, dict(found.module_paths),
+            list(found.node_map.items()))
+
+
+def test_chains_matched_by_one_loop_decide_as_the_tree_closures():
+    """``FAST_CHAINS``: at every node of a program, a chain pattern's loop gives what its tree
+    closures give (the same match: bindings, nodes in order, outputs, node map in its order; no
+    match; or the try handed over to the compiled walk), deciding plain chains itself and handing
+    the tree closures the rest (an identity between, calls spelt as methods or with a keyword)."""
+    import collections
+
+    import fxrewrite.match as match
+    from fxrewrite.canon import node_keys
+
+    rules = [r for r in _tree_rules() if r.compiled.choice_free and match._program(r.compiled).chain is not None]
+    assert {"neg_neg", "relu_abs_sin"} <= {r.name for r in rules}
+    assert match._program(_tree_rules()[-1].compiled).chain is None  # clamp(neg(x), -1.0, 1.0): literals
+    gm = fx.symbolic_trace(_chain_program)
+    counts: collections.Counter[object] = collections.Counter()
+    for node in gm.graph.nodes:
+        for rule in (r for r in rules if r.anchor_key in node_keys(node)):
+            program = match._program(rule.compiled)
+            handed = []
+
+            def tree(anchor, modules, program=program, handed=handed):
+                handed.append(anchor)
+                return program.tree(anchor, modules)
+
+            found = match._chain_matcher(rule.compiled, program, tree)(node, {})
+            assert _decision(found) == _decision(program.tree(node, {})), (rule.name, node.name)
+            counts["handed over to the closures" if handed else type(_decision(found)).__name__] += 1
+    assert counts["tuple"] >= 6 and counts["NoneType"] >= 2 and counts["str"] >= 2, counts
+    assert counts["handed over to the closures"] >= 5, counts
+
+
+def test_chains_matched_by_one_loop_find_the_matches_of_the_tree_closures(monkeypatch):
+    """``FAST_CHAINS`` on and off, ``match_at`` and a kept ``matcher`` find the same matches."""
+    import fxrewrite.match as match
+
+    gm, rules = fx.symbolic_trace(_chain_program), _tree_rules()
+    monkeypatch.setattr(match, "FAST_CHAINS", False)
+    slow = _every_tree_match(gm, rules, trees=True)
+    monkeypatch.setattr(match, "FAST_CHAINS", True)
+    assert _every_tree_match(gm, rules, trees=True) == slow
+    assert _every_tree_match(gm, rules, trees=True, via_matcher=True) == slow
+    assert len(slow) >= 8 and {"neg_neg", "relu_abs_sin"} <= {m[0] for m in slow}
 
 
 # ---- module captures: the closures and their slow twin, the search ----------------------------------------------

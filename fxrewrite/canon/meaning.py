@@ -29,6 +29,7 @@ __all__ = [
     "node_key",
     "node_keys",
     "respelled",
+    "target_key",
 ]
 
 
@@ -128,6 +129,21 @@ def _file_plain(op: str, target: Any, key: Hashable) -> None:
         _plain_keys[op, target] = (key,)
     except TypeError:  # an unhashable target
         pass
+
+
+def target_key(op: str, target: Any) -> Hashable | None:
+    """The one key :func:`node_keys` gives every node with opcode ``op`` calling ``target``,
+    whatever its arguments, users or metadata; ``None`` where a call of it may be another op
+    respelled (its keys then depend on its arguments).
+
+    >>> import torch
+    >>> target_key("call_function", torch.neg), target_key("call_function", operator.getitem)
+    (('aten', 'neg'), None)
+    """
+    key = op_key_of(op, target)
+    if key in _RESPELLABLE_KEYS or _in_place_key(key):
+        return None
+    return key
 
 
 _GETITEM_KEY: Hashable = ("call_function", operator.getitem)
