@@ -59,8 +59,15 @@ logger = logging.getLogger(__name__)
 
 
 def has_values(nodes: Iterable[Any]) -> bool:
-    """True when one of ``nodes`` carries a fake tensor value (the graph is annotated)."""
-    return any(isinstance(n, Node) and _is_fake(value_of(n)) for n in nodes)
+    """True when one of ``nodes`` carries a fake tensor value (the graph is annotated): ``any(
+    isinstance(n, Node) and _is_fake(value_of(n)) for n in nodes)``, written out (asked at every
+    splice)."""
+    for n in nodes:
+        if isinstance(n, Node):
+            meta = n.meta
+            if isinstance(meta[_VALUE] if _VALUE in meta else meta.get(_DYNAMO_VALUE), FakeTensor):
+                return True
+    return False
 
 
 def value_of(node: Node) -> Any:

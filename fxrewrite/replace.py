@@ -687,7 +687,9 @@ class Splicer:
 
     def _notify(self, match: Match, created: list[Node], new_outputs: list[Node]) -> None:
         """Send the listeners the :class:`Change` a splice made."""
-        change = Change(tuple(created), tuple(match.nodes), tuple(zip(match.outputs, new_outputs)),
+        outputs = match.outputs
+        replaced = ((outputs[0], new_outputs[0]),) if len(outputs) == 1 else tuple(zip(outputs, new_outputs))
+        change = Change(tuple(created) if created else (), tuple(match.nodes), replaced,
                         tuple([v for v in match.bindings.values() if isinstance(v, Node)]))
         for listener in self._listeners:
             listener(change)
@@ -716,6 +718,8 @@ def _template_key(rule: Rule, match: Match, aten: bool, annotate: bool,
     if literal_names is None:
         return None
     bindings = match.bindings
+    if not literal_names and len(bindings) == 1:  # (what the rest makes of no literal and one binding)
+        return (rule.name, id(rule.replacement), aten, annotate, (), ())
     # repr: -0.0 is not 0.0 here
     literals = tuple([(name, type(bindings[name]), repr(bindings[name])) for name in literal_names]) \
         if literal_names else ()

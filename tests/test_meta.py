@@ -161,3 +161,26 @@ def test_a_node_made_in_a_dynamo_graph_gets_its_value_where_dynamo_keeps_it():
     assert not is_dynamo_value(fresh) and tensor_value(fresh).shape == (3,)
     as_dynamo_value(fresh)
     assert is_dynamo_value(fresh) and tensor_value(fresh).shape == (3,)
+
+
+def test_has_values_says_what_asking_value_of_every_node_says():
+    """``has_values`` (written out) against ``any(isinstance(n, Node) and value_of(n) is a fake
+    tensor)``: ``val`` or ``example_value`` fake, a real tensor, ``val`` of None hiding a fake
+    ``example_value``, ShapeProp's description only, no metadata, and values that are no nodes."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        fake = torch.empty(2)
+    graph = fx.Graph()
+    metas = [{"val": fake}, {"example_value": fake}, {"val": torch.ones(2)}, {"val": None, "example_value": fake},
+             {"tensor_meta": object()}, {}, {"val": (fake,)}]
+    nodes = []
+    for k, meta in enumerate(metas):
+        node = graph.placeholder(f"x{k}")
+        node.meta.update(meta)
+        nodes.append(node)
+    assert [has_values([n]) for n in nodes] == [True, True, False, False, False, False, False]
+    for some in ([], [fake, 3, None], nodes, nodes[2:], [*nodes[2:], fake, nodes[1]], {"x": nodes[0]}.values()):
+        some = list(some)
+        expected = any(isinstance(n, fx.Node) and isinstance(value_of(n), torch._subclasses.FakeTensor) for n in some)
+        assert has_values(some) == expected
