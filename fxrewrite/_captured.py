@@ -20,6 +20,7 @@ naming the rule.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import numpy as np
@@ -133,22 +134,41 @@ class _TensorState:
 
 class _ModuleState:
     """A captured module (or one of its submodules) as it was: its public attributes and its
-    parameter, buffer and submodule tables (copies of the tables, references to the values)."""
+    parameter, buffer and submodule tables (copies of the tables, references to the values).
 
-    __slots__ = ("attributes", "label", "module", "tables")
+    Its instance dict is kept as its keys and values (two tuples, copied at C speed);
+    :meth:`changed` first asks whether every attribute, private ones too, is still the very same
+    object under the same key (:data:`ATTRIBUTES_AT_ONCE`), and compares the public ones one by
+    one only when not."""
+
+    __slots__ = ("_public", "keys", "label", "module", "tables", "values")
 
     def __init__(self, label: str, module: torch.nn.Module) -> None:
         self.label, self.module = label, module
-        self.attributes = {k: v for k, v in vars(module).items() if k[:1] != "_"}
+        own = vars(module)
+        self.keys, self.values = tuple(own), tuple(own.values())
         self.tables: tuple[dict[str, Any], ...] = (dict(module._parameters), dict(module._buffers),
                                                    dict(module._modules))
+        self._public: dict[str, Any] | None = None
+
+    @property
+    def attributes(self) -> dict[str, Any]:
+        """Its public attributes as they were (name -> value), made when first asked."""
+        if self._public is None:
+            self._public = {k: v for k, v in zip(self.keys, self.values) if k[:1] != "_"}
+        return self._public
+
+    def _untouched(self, own: dict[str, Any]) -> bool:
+        """Every attribute is the very object it was, under the same key, in the same order."""
+        return len(own) == len(self.keys) and tuple(own) == self.keys and all(map(_is, own.values(), self.values))
 
     def changed(self) -> tuple[str, str] | None:
         """The first attribute or table entry that changed since (label, how), or ``None``."""
         own = vars(self.module)
-        for key, value in self.attributes.items():
-            if own.get(key, _UNKNOWN) is not value:
-                return f"{self.label}.{key}", "reassigned"
+        if not (ATTRIBUTES_AT_ONCE and self._untouched(own)):
+            for key, value in self.attributes.items():
+                if own.get(key, _UNKNOWN) is not value:
+                    return f"{self.label}.{key}", "reassigned"
         for table, before in zip(_tables(self.module), self.tables):
             if _same_table(table, before):
                 continue
@@ -165,6 +185,14 @@ class _ModuleState:
         for key, value in self.attributes.items():
             if own.get(key, _UNKNOWN) is not value:
                 object.__setattr__(self.module, key, value)
+
+
+#: :meth:`_ModuleState.changed` asks first whether a module's instance dict holds the very same
+#: objects under the same keys (a C-speed comparison of the whole dict, private attributes too),
+#: and compares public attributes one by one only when not; ``False`` (the slow twin): always one
+#: by one (``tests/test_captured.py`` checks both report and undo alike).
+ATTRIBUTES_AT_ONCE = True
+_is = operator.is_
 
 
 def _same_table(table: dict[str, Any], before: dict[str, Any]) -> bool:

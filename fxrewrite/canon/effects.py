@@ -42,9 +42,11 @@ def mutation(node: Node) -> str | None:
     kwargs = node.kwargs
     if not kwargs and FAST_MUTATION:
         try:  # the driver asks this of every node of the graph before it rewrites
-            return _call_mutation_cache[node.op, node.target]
-        except (KeyError, TypeError):
-            pass
+            filed = _call_mutation_cache.get((node.op, node.target), _UNFILED)
+        except TypeError:  # an unhashable target
+            filed = _UNFILED
+        if filed is not _UNFILED:
+            return filed
     if "out" in kwargs:
         return "writes into an out= argument"
     if _inplace_flag(node):
