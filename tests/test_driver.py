@@ -221,7 +221,8 @@ def test_a_sorted_fill_pops_what_the_one_heap_pops(monkeypatch):
     assert popped[True][0] == 24 and ("relu_8", 0) in popped[True] and ("neg", 1) in popped[True]
 
 
-@pytest.mark.parametrize("flag", ["SORTED_FILL", "ORDERED_FILL", "FAST_MODULE_ANCHOR", "PRUNED_REQUEUE", "SCREENED"])
+@pytest.mark.parametrize("flag", ["SORTED_FILL", "ORDERED_FILL", "FAST_MODULE_ANCHOR", "PRUNED_REQUEUE", "SCREENED",
+                                  "SCREENS_BY_INPUT"])
 def test_the_drivers_fast_paths_make_the_graph_and_the_report_their_slow_twins_make(monkeypatch, flag):
     """Each fast path of the driver against its slow twin (the flag off): the same code and the
     same report (applied, attempts, rejected and why) on the library's programs."""
@@ -405,6 +406,60 @@ def test_rules_screened_by_their_anchors_input_keys_make_what_the_pre_check_per_
             probe.run()
             screened["misses"] += sum(probe.rules.screened_out().values())
     assert screened["misses"] > 0 and screened["fired"] > 0, screened
+
+
+def _scaled_dag(seed: int, size: int = 40) -> fx.GraphModule:
+    """A random program of ``neg, sin, relu, abs`` and ``* 1.0`` (an identity, given metadata, that
+    the input keys look through), each op reading the last value or one of the three before."""
+    import random
+
+    rng = random.Random(seed)
+    plan = [(rng.choice(["neg", "neg", "sin", "relu", "abs", "scale"]), rng.choice([0, 0, 1, 3])) for _ in range(size)]
+
+    def program(x):
+        values = [x]
+        for op, i in plan:
+            a = values[-1 - min(i, len(values) - 1)]
+            values.append(a * 1.0 if op == "scale" else getattr(torch, op)(a))
+        return values[-1] + values[-2] + values[-5]
+
+    return fx.symbolic_trace(program)
+
+
+def test_screens_kept_by_the_target_of_a_nodes_one_input_make_what_screens_by_input_keys_make(monkeypatch):
+    """``SCREENS_BY_INPUT``: a screen taken by the op key of the node and the target of its one input
+    (and a visit passing no rule counted without a try) makes the code and the report (attempts
+    included) that working the input keys out at each visit makes, on random programs where nodes
+    of several op keys read the same targets, some read a ``* 1.0`` (an identity the input keys
+    look through, so its target alone does not decide them) and rewrites change what a waiting
+    node reads."""
+    from _helpers import assert_rewrite_sound
+
+    import fxrewrite.driver as driver
+    from fxrewrite import rewrite
+
+    real_input_keys = driver.input_keys
+    worked_out: list[fx.Node] = []  # the nodes whose input keys a visit worked out
+    monkeypatch.setattr(driver, "input_keys", lambda node: worked_out.append(node) or real_input_keys(node))
+    calls, behind_a_scale = {False: 0, True: 0}, 0
+    def scales(a):  # the same op key over the same target, with another op behind it: a screen each
+        return (torch.neg(torch.relu(a) * 1.0) + torch.neg(torch.neg(a) * 1.0) + torch.abs(torch.sin(a) * 1.0)
+                + torch.abs(torch.neg(a) * 1.0))
+
+    for seed in range(-1, 4):
+        gm = _scaled_dag(seed) if seed >= 0 else fx.symbolic_trace(scales)
+        results = {}
+        for fast in (False, True):
+            monkeypatch.setattr(driver, "SCREENS_BY_INPUT", fast)
+            worked_out.clear()
+            results[fast] = rewrite(gm, RuleSet(_ODD_THEN_EVEN), example_inputs=(X,))
+            assert_rewrite_sound(gm, results[fast], X)
+            calls[fast] += len(worked_out)
+        assert results[True].code == results[False].code, seed
+        for what in ("applied", "attempts", "rejected", "reasons"):
+            assert dict(getattr(results[True].report, what)) == dict(getattr(results[False].report, what)), seed
+        behind_a_scale += sum(any(a.target is operator.mul for a in n.all_input_nodes) for n in worked_out)
+    assert calls[False] - calls[True] > 40 and behind_a_scale > 10, (calls, behind_a_scale)
 
 
 def test_a_screened_out_rule_is_not_counted_at_a_node_it_settled(monkeypatch):

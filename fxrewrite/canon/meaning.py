@@ -25,6 +25,7 @@ __all__ = [
     "by_meaning",
     "constant_scalar",
     "input_keys",
+    "input_target",
     "meaning_input",
     "node_key",
     "node_keys",
@@ -194,6 +195,23 @@ def input_keys(node: Node) -> frozenset[Hashable]:
 #: as :data:`_plain_keys`.
 _plain_inputs: dict[tuple[str, Any], tuple[Hashable, ...]] = {}
 _TARGET_ONLY_IDENTITY = frozenset({"call_function", "call_method", "placeholder", "get_attr"})
+
+
+def input_target(node: Node) -> tuple[str, Any] | None:
+    """``(op, target)`` of ``node``'s one input node when that alone decides :func:`input_keys`
+    of ``node`` (the input's target is filed in :data:`_plain_inputs`: its keys are its target's
+    and no call of it is an identity to look through); else ``None``. A caller may keep what it
+    worked out from ``input_keys(node)`` under it."""
+    inputs = node._input_nodes
+    if len(inputs) != 1:
+        return None
+    for a in inputs:
+        target = (a.op, a.target)
+        try:
+            return target if target in _plain_inputs else None
+        except TypeError:  # an unhashable target
+            return None
+    return None
 
 
 def _file_plain_input(node: Node) -> None:

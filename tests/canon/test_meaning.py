@@ -231,3 +231,33 @@ def test_input_keys_read_from_the_table_of_plain_inputs_are_those_worked_out_ane
             monkeypatch.setattr(meaning, "FAST_KEYS", True)
             assert [input_keys(node), input_keys(node)] == [slow, slow], node.format_node()  # filled, then read
     assert sum(keys is not None for keys in found) > 20
+
+
+def test_the_one_input_target_that_decides_the_input_keys_gives_the_keys_worked_out_at_the_node():
+    """``input_target``: where it names ``(op, target)`` of a node's one input, the node's input
+    keys are that target's plain keys wherever it is read (identities, respelled calls and several
+    inputs give ``None``), at every node of a program, once the inputs have been met."""
+    import torch.nn.functional as F
+
+    from fxrewrite.canon import input_keys, node_keys
+    from fxrewrite.canon.meaning import input_target
+
+    def program(x):
+        a = F.dropout(torch.neg(x), 0.5, False).contiguous()
+        b = torch.relu(torch.sin(a)) * 2.0
+        c = (1 / b)[:, None].permute(1, 0, 2)
+        return torch.relu(a) + torch.cos(b) + torch.neg(torch.relu(x)), torch.abs(c) + c.exp().neg()
+
+    nodes = list(fx.symbolic_trace(program).graph.nodes)
+    for node in nodes:
+        input_keys(node)  # (files the plain inputs met)
+    named = {}
+    for node in nodes:
+        target = input_target(node)
+        if target is not None:
+            (only,) = node.all_input_nodes
+            assert (only.op, only.target) == target and input_keys(node) == frozenset(node_keys(only)), node.name
+            named[node.name] = target
+    assert {"dropout", "relu", "relu_2", "neg_1", "neg_2"} <= set(named), named  # neg, sin, x, relu_2, exp
+    # contiguous, a scaling mul (identities), two inputs, permute and 1 / x (respelled), a getitem
+    assert not {"sin", "relu_1", "cos", "add", "abs_1", "getitem", "permute"} & set(named), named
