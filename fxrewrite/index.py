@@ -34,6 +34,11 @@ from .canon import node_keys
 
 __all__ = ["OpIndex", "scan"]
 
+#: Build the index by filing each node into the lists worked out once for its tuple of keys (its
+#: buckets and its groups' lists); ``False`` is the slow twin, each node filed key by key
+#: (``tests/test_index.py`` checks both build the same buckets and groups). delete dag 8k: 2.2 -> 1.7 ms.
+FILED_BY_KEYS = True
+
 
 def scan(graph: fx.Graph, key: Hashable, *, canonical: bool = True) -> list[Node]:
     """The slow twin of :meth:`OpIndex.nodes`: the nodes of ``graph`` filed under ``key``, by a
@@ -67,10 +72,36 @@ class OpIndex:
         #: built, each once, in graph order (the driver's first fill of each priority level, without
         #: a sort); not kept current.
         self.grouped: dict[Hashable, list[Node]] = {name: [] for name in groups or ()}
+        if FILED_BY_KEYS:
+            self._file(graph.nodes, groups or {})
+        else:
+            self._file_each(graph.nodes, groups or {})
+        #: Per key, the generation at which its bucket was last filtered (all live when built).
+        self._clean: dict[Hashable, int] = dict.fromkeys(self._buckets, 0)
+
+    def _file(self, nodes: Iterable[Node], groups: Mapping[Any, Collection[Hashable]]) -> None:
+        """File ``nodes`` in their buckets and their groups' lists, in order: the lists a node goes
+        into are worked out once per tuple of keys (:data:`FILED_BY_KEYS`)."""
+        buckets, canonical = self._buckets, self.canonical
+        into_of: dict[tuple[Hashable, ...], list[list[Node]]] = {}  # per tuple of keys, the lists its nodes go into
+        for node in nodes:
+            keys = node_keys(node, canonical)
+            into = into_of.get(keys)
+            if into is None:
+                into = into_of[keys] = [*(buckets.setdefault(key, []) for key in keys), *self._groups_of(keys, groups)]
+            for found in into:
+                found.append(node)
+
+    def _groups_of(self, keys: tuple[Hashable, ...], groups: Mapping[Any, Collection[Hashable]]) -> list[list[Node]]:
+        """The lists of the groups with one of ``keys``."""
+        return [self.grouped[name] for name, group in groups.items() if any(key in group for key in keys)]
+
+    def _file_each(self, nodes: Iterable[Node], groups: Mapping[Any, Collection[Hashable]]) -> None:
+        """:meth:`_file`'s slow twin: each node filed key by key, then in its groups' lists."""
         buckets = self._buckets
         groups_of: dict[tuple[Hashable, ...], list[list[Node]]] = {}  # per tuple of keys, the groups' lists
-        for node in graph.nodes:
-            keys = node_keys(node, canonical)
+        for node in nodes:
+            keys = node_keys(node, self.canonical)
             for key in keys:
                 bucket = buckets.get(key)
                 if bucket is None:
@@ -80,12 +111,9 @@ class OpIndex:
             if groups:
                 into = groups_of.get(keys)
                 if into is None:
-                    into = groups_of[keys] = [self.grouped[name] for name, group in groups.items()
-                                              if any(key in group for key in keys)]
+                    into = groups_of[keys] = self._groups_of(keys, groups)
                 for grouped in into:
                     grouped.append(node)
-        #: Per key, the generation at which its bucket was last filtered (all live when built).
-        self._clean: dict[Hashable, int] = dict.fromkeys(buckets, 0)
 
     def keys(self, node: Node) -> tuple[Hashable, ...]:
         """The keys ``node`` is filed under (:func:`~fxrewrite.canon.node_keys`: one, or two for a

@@ -192,3 +192,31 @@ def test_a_group_of_keys_gathers_each_node_under_any_of_them_once_in_graph_order
         assert index.grouped[name] == expected, name
     assert len(index.grouped["views"]) == 3 and len(index.grouped["unary"]) == 6 and index.grouped["none"] == []
     assert [n.name for n in index.nodes(transpose)] == ["permute", "transpose", "permute_1"]  # (the buckets as before)
+
+
+def test_an_index_filed_by_tuples_of_keys_is_the_index_filed_key_by_key(monkeypatch):
+    """``FILED_BY_KEYS``: filing each node into the lists worked out once per tuple of keys builds
+    the buckets (in the same order of keys) and the groups that filing it key by key builds, for
+    nodes with one key and with two (a swapping permute), in no group, one group or two,
+    canonical and as written."""
+    import fxrewrite.index as index
+
+    def f(x):
+        a = torch.neg(x).permute(1, 0)
+        b = torch.relu(a).neg() + torch.sigmoid(a.transpose(0, 1)) + a.permute(1, 0).relu()
+        return operator.neg(b) + b.neg() + torch.cos(a.permute(1, 0)) + (1 / b)[:, None].sum()
+
+    graph = fx.symbolic_trace(f).graph
+    transpose, permute, relu = ("aten", "transpose"), ("aten", "permute"), ("aten", "relu")
+    groups = {"views": {transpose, permute}, "unary": {NEG, relu, permute}, "none": {("aten", "cos")}}
+    built = {}
+    for filed_by_keys in (False, True):
+        monkeypatch.setattr(index, "FILED_BY_KEYS", filed_by_keys)
+        for canonical in (True, False):
+            ix = OpIndex(graph, canonical=canonical, groups=groups)
+            built[filed_by_keys, canonical] = (list(ix._buckets.items()), ix.grouped, ix._clean)
+    for canonical in (True, False):
+        assert built[True, canonical] == built[False, canonical], canonical
+    buckets, grouped, _ = built[True, True]
+    assert [len(dict(buckets)[key]) for key in (permute, transpose, NEG)] == [3, 4, 4]  # a permute is a transpose too
+    assert [len(grouped[name]) for name in ("views", "unary", "none")] == [4, 9, 1], grouped
