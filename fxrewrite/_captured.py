@@ -20,6 +20,7 @@ naming the rule.
 
 from __future__ import annotations
 
+import collections
 import operator
 from typing import Any
 
@@ -133,22 +134,30 @@ class _TensorState:
 
 
 class _ModuleState:
-    """A captured module (or one of its submodules) as it was: its public attributes and its
-    parameter, buffer and submodule tables (copies of the tables, references to the values).
+    """A captured module (or one of its submodules) as it was: its class, its attributes, its
+    parameter, buffer and submodule tables (copies of the tables, references to the values) and
+    the contents of its other private containers (the hook tables: a hook registered on it
+    changes what the module computes wherever the program calls it).
 
     Its instance dict is kept as its keys and values (two tuples, copied at C speed);
     :meth:`changed` first asks whether every attribute, private ones too, is still the very same
-    object under the same key (:data:`ATTRIBUTES_AT_ONCE`), and compares the public ones one by
-    one only when not."""
+    object under the same key (:data:`ATTRIBUTES_AT_ONCE`), and compares them one by one only
+    when not: a public attribute reassigned or added (``conv.forward = ...`` shadows the method)
+    is a change; a private one reassigned or added is torch's business (caches it may keep)."""
 
-    __slots__ = ("_public", "keys", "label", "module", "tables", "values")
+    __slots__ = ("_public", "cls", "containers", "keys", "label", "module", "tables", "values")
 
     def __init__(self, label: str, module: torch.nn.Module) -> None:
-        self.label, self.module = label, module
+        self.label, self.module, self.cls = label, module, type(module)
         own = vars(module)
         self.keys, self.values = tuple(own), tuple(own.values())
         self.tables: tuple[dict[str, Any], ...] = (dict(module._parameters), dict(module._buffers),
                                                    dict(module._modules))
+        #: (name, the container, a copy of its contents or None when it was empty), per private
+        #: dict or set of the module besides the three tables (most are empty hook tables)
+        self.containers = tuple((key, value, _contents(value) if value else None)
+                                for key, value in own.items()
+                                if key[:1] == "_" and type(value) in _CONTAINERS and key not in _TABLE_NAMES)
         self._public: dict[str, Any] | None = None
 
     @property
@@ -163,28 +172,79 @@ class _ModuleState:
         return len(own) == len(self.keys) and tuple(own) == self.keys and all(map(_is, own.values(), self.values))
 
     def changed(self) -> tuple[str, str] | None:
-        """The first attribute or table entry that changed since (label, how), or ``None``."""
-        own = vars(self.module)
+        """The first attribute, table entry or container that changed since (label, how), or ``None``."""
+        module = self.module
+        if type(module) is not self.cls:
+            return f"{self.label}.__class__", "reassigned"
+        own = vars(module)
         if not (ATTRIBUTES_AT_ONCE and self._untouched(own)):
-            for key, value in self.attributes.items():
-                if own.get(key, _UNKNOWN) is not value:
-                    return f"{self.label}.{key}", "reassigned"
-        for table, before in zip(_tables(self.module), self.tables):
+            found = self._attribute_changed(own)
+            if found is not None:
+                return found
+        for table, before in zip(_tables(module), self.tables):
             if _same_table(table, before):
                 continue
             changed = sorted(k for k in {*table, *before} if table.get(k, _UNKNOWN) is not before.get(k, _UNKNOWN))
             return f"{self.label}.{changed[0]}", "reassigned"
+        for key, container, contents in self.containers:
+            if not _same_contents(container, contents):
+                how = "a hook was registered or removed" if "hook" in key else "changed in place"
+                return f"{self.label}.{key}", how
+        return None
+
+    def _attribute_changed(self, own: dict[str, Any]) -> tuple[str, str] | None:
+        attributes = self.attributes
+        for key, value in attributes.items():
+            if own.get(key, _UNKNOWN) is not value:
+                return f"{self.label}.{key}", "reassigned"
+        for key in own:
+            if key[:1] != "_" and key not in attributes:
+                return f"{self.label}.{key}", "added (an instance attribute the module did not have)"
         return None
 
     def undo(self) -> None:
-        for table, before in zip(_tables(self.module), self.tables):
+        module = self.module
+        if type(module) is not self.cls:
+            object.__setattr__(module, "__class__", self.cls)
+        for table, before in zip(_tables(module), self.tables):
             if not _same_table(table, before):
                 table.clear()
                 table.update(before)
-        own = vars(self.module)
-        for key, value in self.attributes.items():
+        own = vars(module)
+        attributes = self.attributes
+        for key, value in attributes.items():
             if own.get(key, _UNKNOWN) is not value:
-                object.__setattr__(self.module, key, value)
+                object.__setattr__(module, key, value)
+        for key in [k for k in own if k[:1] != "_" and k not in attributes]:
+            del own[key]
+        for _, container, contents in self.containers:
+            if not _same_contents(container, contents):
+                container.clear()
+                container.update(contents or ())
+
+
+#: The private containers of a module whose contents the guard compares (hook tables are
+#: ``OrderedDict``s; ``_non_persistent_buffers_set`` is a set); the three tables are compared apart.
+_CONTAINERS = (dict, collections.OrderedDict, set)
+_TABLE_NAMES = frozenset({"_parameters", "_buffers", "_modules"})
+
+
+def _contents(container: Any) -> Any:
+    """A copy of a dict (its items in order) or of a set, to compare with and to put back."""
+    return dict(container) if isinstance(container, dict) else set(container)
+
+
+def _same_contents(container: Any, contents: Any) -> bool:
+    """Does ``container`` hold what ``contents`` (:func:`_contents`, ``None``: it was empty) copied:
+    the same keys in the same order, each with the very same value (never compared with ``==``:
+    a tensor's is elementwise), or the same set members?"""
+    if contents is None:
+        return not container
+    if len(container) != len(contents):
+        return False
+    if isinstance(contents, dict):
+        return all(k1 == k2 and v1 is v2 for (k1, v1), (k2, v2) in zip(container.items(), contents.items()))
+    return all(member in contents for member in container)
 
 
 #: :meth:`_ModuleState.changed` asks first whether a module's instance dict holds the very same

@@ -100,6 +100,18 @@ def write_bn_buffer(x, conv: nn.Conv2d, bn: nn.BatchNorm2d):
     return bn(conv(x))
 
 
+def shadow_forward(x, conv: nn.Conv2d, bn: nn.BatchNorm2d):
+    """An instance attribute ``forward``: every call of the caller's conv would return zeros."""
+    conv.forward = lambda t: t * 0
+    return conv(x)
+
+
+def hook_the_conv(x, conv: nn.Conv2d, bn: nn.BatchNorm2d):
+    """A hook left on the caller's conv: every call of it would be scaled."""
+    conv.register_forward_hook(lambda module, args, out: out * _scale(bn).reshape(-1, 1, 1))
+    return bn(conv(x))
+
+
 def fold_into_copy(x, conv: nn.Conv2d, bn: nn.BatchNorm2d):
     """The right fold: a new conv with the folded weights."""
     fused = copy.deepcopy(conv)
@@ -121,6 +133,8 @@ def _snapshot(model: nn.Module) -> dict[str, Any]:
         "versions": {k: v._version for k, v in (*model.named_parameters(), *model.named_buffers())},
         "attributes": {name: {k: v for k, v in vars(m).items() if not k.startswith("_")}
                        for name, m in model.named_modules()},
+        "hooks": {name: [list(hooks) for hooks in (m._forward_hooks, m._forward_pre_hooks)]
+                  for name, m in model.named_modules()},
     }
 
 
@@ -132,6 +146,7 @@ def _assert_bit_identical(model: nn.Module, before: dict[str, Any]) -> None:
         assert torch.equal(tensor, before["state"][name]), f"{name} changed"
         assert tensor.dtype == before["state"][name].dtype
     assert after["attributes"] == before["attributes"]
+    assert after["hooks"] == before["hooks"]
 
 
 X = torch.randn(2, 3, 5, 5)
@@ -173,6 +188,8 @@ def test_module_write_error_is_a_rewrite_error():
     (reassign_attribute, "'conv.padding'", "reassigned"),
     (write_through_data, "'conv.weight'", "written"),
     (write_bn_buffer, "'bn.running_mean'", "written in place"),
+    (shadow_forward, "'conv.forward'", "added"),
+    (hook_the_conv, "'conv._forward_hooks'", "a hook was registered"),
 ])
 def test_every_kind_of_write_is_refused_named_and_undone(replacement, label, how):
     model = SingleConv().eval()
