@@ -69,14 +69,7 @@ class _TensorState:
 
     def __init__(self, owner: str, name: str, tensor: torch.Tensor) -> None:
         self.owner, self.name, self.tensor = owner, name, tensor
-        try:  # (_version and _address, inlined: a conv-bn fold takes seven of these)
-            self.version: int | None = tensor._version
-        except RuntimeError:
-            self.version = None
-        try:
-            self.address = tensor.data_ptr()
-        except Exception:
-            self.address = 0
+        self.version, self.address = _version(tensor), _address(tensor)
         self.data = tensor.data
         self.shape, self.stride, self.dtype = tensor.shape, tensor.stride(), tensor.dtype
         self.bits: bytes | None = None
@@ -105,8 +98,8 @@ class _TensorState:
         t = self.tensor
         if _version(t) != self.version:  # (an inference tensor has none: None both times)
             return _BUMPED
-        if _address(t) != self.address or t.shape != self.shape or t.stride() != self.stride or t.dtype != self.dtype:
-            return _SWAPPED  # (moved(), inlined)
+        if self.moved():
+            return _SWAPPED
         if self.bits is not None and self._bits_now() != self.bits:
             return _VALUES
         return None
