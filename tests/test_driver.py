@@ -187,21 +187,23 @@ def test_the_rule_index_makes_the_graph_and_the_report_its_slow_twin_makes(monke
     assert saved[-1] > 0  # the literal-differing rules: the index left rules out and the report still agrees
 
 
+def _relu_neg_chain(a):
+    """Twelve calls in a chain: a neg, then two relus, four times (the worklist tests' program)."""
+    for i in range(12):
+        a = torch.relu(a) if i % 3 else torch.neg(a)
+    return a
+
+
 def test_a_sorted_fill_pops_what_the_one_heap_pops(monkeypatch):
     """``SORTED_FILL`` (the fill served from a sorted list ahead of the heap of later pushes)
     pops the nodes the one heap (its slow twin) pops, in the same order, through pushes before
     and after the fill's front, erased nodes and nodes created where an erased one stood."""
     import fxrewrite.driver as driver
 
-    def chain(a):
-        for i in range(12):
-            a = torch.relu(a) if i % 3 else torch.neg(a)
-        return a
-
     popped = {}
     for sorted_fill in (False, True):
         monkeypatch.setattr(driver, "SORTED_FILL", sorted_fill)
-        gm = fx.symbolic_trace(chain)
+        gm = fx.symbolic_trace(_relu_neg_chain)
         nodes = calls(gm)
         work = Worklist({1: {key(nodes[0])}, 0: {key(nodes[0]), key(nodes[1])}})
         for level in (1, 0):
@@ -562,15 +564,10 @@ def test_a_fill_handed_over_in_graph_order_pops_what_the_sorted_fill_pops(monkey
     import fxrewrite.driver as driver
     from fxrewrite.index import OpIndex
 
-    def chain(a):
-        for i in range(12):
-            a = torch.relu(a) if i % 3 else torch.neg(a)
-        return a
-
     popped = {}
     for ordered in (False, True):
         monkeypatch.setattr(driver, "ORDERED_FILL", ordered)
-        gm = fx.symbolic_trace(chain)
+        gm = fx.symbolic_trace(_relu_neg_chain)
         nodes = calls(gm)
         anchors = {1: {key(nodes[0])}, 0: {key(nodes[0]), key(nodes[1])}}
         index = OpIndex(gm.graph, groups=anchors)
