@@ -59,25 +59,31 @@ class ModuleWrite(Exception):
 
 
 class _TensorState:
-    """A captured parameter or buffer as it was: its version counter, an alias of its data (no
-    copy) that puts back a swapped ``.data``, the address of its first element, its shape,
-    strides and dtype, and once :meth:`copy` ran, a copy of its bytes. Its label
+    """A captured parameter or buffer as it was: its :func:`_tensor_key` (version counter,
+    address of its first element, shape, strides, dtype), an alias of its data (no copy) that
+    puts back a swapped ``.data``, and once :meth:`copy` ran, a copy of its bytes. Its label
     (``conv.weight``) is written only when a change is reported."""
 
-    __slots__ = ("address", "array", "bits", "data", "dtype", "name", "owner", "shape", "stride", "tensor",
-                 "version")
+    __slots__ = ("array", "bits", "data", "key", "name", "owner", "tensor")
 
     def __init__(self, owner: str, name: str, tensor: torch.Tensor) -> None:
         self.owner, self.name, self.tensor = owner, name, tensor
-        self.version, self.address = _version(tensor), _address(tensor)
+        self.key = _tensor_key(tensor)
         self.data = tensor.data
-        self.shape, self.stride, self.dtype = tensor.shape, tensor.stride(), tensor.dtype
         self.bits: bytes | None = None
         self.array: Any = None
 
     @property
     def label(self) -> str:
         return f"{self.owner}.{self.name}"
+
+    @property
+    def version(self) -> int | None:
+        return self.key[0]
+
+    @property
+    def address(self) -> int:
+        return self.key[1]
 
     def copy(self) -> None:
         """Copy its bytes (:func:`_bits_view`), keeping the numpy view of its storage they were read
@@ -89,17 +95,15 @@ class _TensorState:
         """Does the tensor show other data than it did? A swapped ``.data`` shows in the address
         of its first element, its shape, strides or dtype (also an alias of the same storage seen
         another way, which the storage's address alone would not show)."""
-        t = self.tensor
-        return (_address(t) != self.address or t.shape != self.shape or t.stride() != self.stride
-                or t.dtype != self.dtype)
+        return _tensor_key(self.tensor)[1:] != self.key[1:]
 
     def changed(self) -> str | None:
-        """How the tensor changed since, or ``None``."""
-        t = self.tensor
-        if _version(t) != self.version:  # (an inference tensor has none: None both times)
-            return _BUMPED
-        if self.moved():
-            return _SWAPPED
+        """How the tensor changed since, or ``None``: written in place (its version counter moved;
+        an inference tensor has none, ``None`` both times), its ``.data`` swapped, or its bytes
+        changed (when they were copied)."""
+        now = _tensor_key(self.tensor)
+        if now != self.key:
+            return _BUMPED if now[0] != self.key[0] else _SWAPPED
         if self.bits is not None and self._bits_now() != self.bits:
             return _VALUES
         return None
@@ -122,8 +126,9 @@ class _TensorState:
             now = _bits_view(self.data)
             if now.tobytes() != self.bits:
                 now[...] = np.frombuffer(self.bits, dtype=now.dtype).reshape(now.shape)
-        if self.version is not None and _version(t) != self.version and _SET_VERSION is not None:
-            _SET_VERSION((t,), (self.version,))
+        version = self.version
+        if version is not None and _version(t) != version and _SET_VERSION is not None:
+            _SET_VERSION((t,), (version,))
 
 
 class _ModuleState:
@@ -138,20 +143,37 @@ class _ModuleState:
     when not: a public attribute reassigned or added (``conv.forward = ...`` shadows the method)
     is a change; a private one reassigned or added is torch's business (caches it may keep)."""
 
-    __slots__ = ("_public", "cls", "containers", "keys", "label", "module", "tables", "values")
+    __slots__ = ("_public", "cls", "empty", "empty_keys", "filled", "keys", "label", "module", "tables", "values")
 
     def __init__(self, label: str, module: torch.nn.Module) -> None:
         self.label, self.module, self.cls = label, module, type(module)
         own = vars(module)
-        self.keys, self.values = tuple(own), tuple(own.values())
+        keys, values = self.keys, self.values = tuple(own), tuple(own.values())
         self.tables: tuple[dict[str, Any], ...] = (dict(module._parameters), dict(module._buffers),
                                                    dict(module._modules))
-        #: (name, the container, a copy of its contents or None when it was empty), per private
-        #: dict or set of the module besides the three tables (most are empty hook tables)
-        self.containers = tuple((key, value, _contents(value) if value else None)
-                                for key, value in own.items()
-                                if key[:1] == "_" and type(value) in _CONTAINERS and key not in _TABLE_NAMES)
+        # the private dicts and sets besides the three tables (most are empty hook tables): those
+        # empty now in one tuple, compared all at once by any(); the others with copies of their contents
+        empty: list[Any] = []
+        empty_keys: list[str] = []
+        filled: list[tuple[str, Any, Any]] = []
+        for i in _private_positions(keys):
+            value = values[i]
+            if type(value) in _CONTAINERS:
+                if value:
+                    filled.append((keys[i], value, _contents(value)))
+                else:
+                    empty.append(value)
+                    empty_keys.append(keys[i])
+        self.empty, self.empty_keys, self.filled = tuple(empty), tuple(empty_keys), tuple(filled)
         self._public: dict[str, Any] | None = None
+
+    @property
+    def containers(self) -> list[tuple[str, Any, Any]]:
+        """(name, the container, a copy of its contents or ``None`` when it was empty), per private
+        dict or set of the module besides the three tables, in the order of its instance dict."""
+        order = {key: i for i, key in enumerate(self.keys)}
+        return sorted([*((k, c, None) for k, c in zip(self.empty_keys, self.empty)), *self.filled],
+                      key=lambda item: order[item[0]])
 
     @property
     def attributes(self) -> dict[str, Any]:
@@ -179,10 +201,11 @@ class _ModuleState:
                 continue
             changed = sorted(k for k in {*table, *before} if table.get(k, _UNKNOWN) is not before.get(k, _UNKNOWN))
             return f"{self.label}.{changed[0]}", "reassigned"
-        for key, container, contents in self.containers:
-            if not _same_contents(container, contents):
-                how = "a hook was registered or removed" if "hook" in key else "changed in place"
-                return f"{self.label}.{key}", how
+        if any(self.empty) or not all(_same_contents(c, contents) for _, c, contents in self.filled):
+            for key, container, contents in self.containers:
+                if not _same_contents(container, contents):
+                    how = "a hook was registered or removed" if "hook" in key else "changed in place"
+                    return f"{self.label}.{key}", how
         return None
 
     def _attribute_changed(self, own: dict[str, Any]) -> tuple[str, str] | None:
@@ -220,6 +243,21 @@ class _ModuleState:
 #: ``OrderedDict``s; ``_non_persistent_buffers_set`` is a set); the three tables are compared apart.
 _CONTAINERS = (dict, collections.OrderedDict, set)
 _TABLE_NAMES = frozenset({"_parameters", "_buffers", "_modules"})
+#: Per instance-dict layout (its keys in order): the positions of its private keys besides the three tables.
+_POSITIONS: dict[tuple[str, ...], tuple[int, ...]] = {}
+
+
+def _private_positions(keys: tuple[str, ...]) -> tuple[int, ...]:
+    """The positions in ``keys`` of the private attributes besides the three tables (the
+    candidates for private containers), worked out once per layout (modules of a class mostly
+    share one)."""
+    found = _POSITIONS.get(keys)
+    if found is None:
+        if len(_POSITIONS) >= 4096:  # layouts made on the fly: never grow without bound
+            _POSITIONS.clear()
+        found = _POSITIONS[keys] = tuple(i for i, key in enumerate(keys)
+                                         if key[:1] == "_" and key not in _TABLE_NAMES)
+    return found
 
 
 def _contents(container: Any) -> Any:
@@ -471,6 +509,16 @@ def _version(t: torch.Tensor) -> int | None:
         return t._version
     except RuntimeError:
         return None
+
+
+def _tensor_key(t: torch.Tensor) -> tuple[Any, ...]:
+    """What :meth:`_TensorState.changed` compares before the bytes: the version counter
+    (:func:`_version`), the address of the first element (:func:`_address`), the shape, the
+    strides and the dtype, read in one call (the common case: no exception)."""
+    try:
+        return (t._version, t.data_ptr(), t.shape, t.stride(), t.dtype)
+    except Exception:  # an inference tensor (no version counter), or a tensor without data
+        return (_version(t), _address(t), t.shape, t.stride(), t.dtype)
 
 
 def _address(t: torch.Tensor) -> int:

@@ -385,6 +385,18 @@ def _register_state_dict_hook(m):
     m.bn._register_state_dict_hook(lambda *args: None)
 
 
+def _remove_hook(m):
+    m.handle.remove()  # a hook the module held when it was captured
+
+
+def _remove_hook_and_register_backward_hook(m):
+    m.handle.remove()  # _forward_hooks: held a hook when captured
+    m.bn.register_full_backward_hook(lambda *args: None)  # _backward_hooks: empty then, and first in bn's dict
+
+
+_remove_hook.needs_hook = _remove_hook_and_register_backward_hook.needs_hook = True  # bn holds one when captured
+
+
 def _make_buffer_non_persistent(m):
     m.bn._non_persistent_buffers_set.add("running_mean")  # the caller's state_dict() would lose it
 
@@ -420,6 +432,9 @@ ATTRIBUTE_CHANGES = {
     "forward hook registered": (_register_forward_hook, "conv._forward_hooks"),
     "pre-hook registered": (_register_pre_hook, "bn._forward_pre_hooks"),
     "state-dict hook registered": (_register_state_dict_hook, "bn._state_dict_hooks"),
+    "a hook it held removed": (_remove_hook, "bn._forward_hooks"),
+    "two hook tables changed: the first in the module's order is named":
+        (_remove_hook_and_register_backward_hook, "bn._backward_hooks"),
     "buffer made non-persistent": (_make_buffer_non_persistent, "bn._non_persistent_buffers_set"),
     "class reassigned": (_reassign_class, "conv.__class__"),
     "private added": (_add_private, None),
@@ -431,6 +446,8 @@ ATTRIBUTE_CHANGES = {
 def _report_and_undo(change):
     """What the guard reports of ``change``, and whether undoing it left the model as it was."""
     model = _Model()
+    if getattr(change, "needs_hook", False):
+        model.handle = model.bn.register_forward_hook(lambda module, args, out: None)
     before = _state(model)
     guard = captured_modules({"conv": model.conv, "bn": model.bn})
     with guard:
