@@ -21,10 +21,14 @@ them, the module's ``forward`` must not be traced through: the call is recorded 
   ``GraphModule`` alive has a class of its own), 60-170 µs per pair of assignments in a
   rewrite's process. The slow twin of :data:`IMPL` (:data:`PATCH_DUNDER_CALL`).
 
-Whichever is replaced is replaced only while a replacement function runs: when the first such
-call in the process starts, and put back when the last one ends (under a lock, counting users),
-in a ``finally``; between two replacements of a rewrite (while guards run, while the graph is
-matched) ``nn.Module`` is torch's own. Which tracer records is per thread, so concurrent
+Whichever is replaced is replaced while a replacement function runs: when the first such call in
+the process starts, and put back when the last one ends (under a lock, counting users), in a
+``finally``. A drive (the splicer used as a context manager) also holds the slot from its first
+replacement that records module calls to its end (:class:`Holds`, :data:`HOLD_FOR_THE_DRIVE`):
+assigning a class attribute of ``nn.Module`` invalidates the attribute caches of every module
+class, which cost a conv-bn fold ~18 µs when done around each call. While held, outside a
+replacement's own calls on Proxies the replaced method calls torch's own: guards, matching and
+other threads' forwards see torch's behaviour, through one more call. Which tracer records is per thread, so concurrent
 rewrites of different models, and forwards run by other threads meanwhile, each see the right
 behaviour (in other threads the replaced method calls torch's own); a replacement that itself
 calls ``rewrite`` nests (the outer tracer is put back when the inner call ends).
@@ -42,16 +46,26 @@ import torch.fx as fx
 from ._torch import tree_leaves
 from .rule import Rule
 
-__all__ = ["DUNDER", "IMPL", "PATCH_ALWAYS", "PATCH_DUNDER_CALL", "WATCH", "ModuleCallSeen", "first_mode",
-           "may_call_modules", "next_mode", "recording"]
+__all__ = ["DUNDER", "HOLD_FOR_THE_DRIVE", "IMPL", "PATCH_ALWAYS", "PATCH_DUNDER_CALL", "WATCH", "Holds",
+           "ModuleCallSeen", "first_mode", "may_call_modules", "next_mode", "recording"]
 
 #: Call every replacement with module calls recorded from the start (the slow twin of :data:`WATCH`).
 PATCH_ALWAYS = False
 #: Record module calls by replacing ``nn.Module.__call__`` (the slow twin of :data:`IMPL`).
 PATCH_DUNDER_CALL = False
 
+#: A drive's :class:`Holds` keep a slot replaced from its first use to the drive's end; ``False``:
+#: replaced and put back around each replacement call only (the slow twin;
+#: ``tests/test_module_calls.py`` checks both record the same graphs and put everything back).
+HOLD_FOR_THE_DRIVE = True
+
 #: The modes of :func:`recording` (see the module's docstring).
 WATCH, IMPL, DUNDER = "watch", "impl", "dunder"
+
+
+def _slot(mode: str) -> str | None:
+    """The method of ``nn.Module`` ``mode`` replaces (``None``: nothing is replaced)."""
+    return "__call__" if mode == DUNDER else "_call_impl" if mode == IMPL else None
 
 
 class Recorder(Protocol):
@@ -100,7 +114,7 @@ class _Recording:
 
     def __init__(self, tracer: Recorder, mode: str) -> None:
         self.tracer = tracer
-        self.slot = "__call__" if mode == DUNDER else "_call_impl" if mode == IMPL else None
+        self.slot = _slot(mode)
         self.watch = None if mode == DUNDER else ModuleCallSeen(escapes_only=mode == IMPL)
         self.previous: Recorder | None = None
 
@@ -138,11 +152,7 @@ class _ModuleCalls:
     def enter(cls, tracer: Recorder, slot: str) -> Recorder | None:
         """From now on, module calls on Proxies in this thread record into ``tracer``; returns
         the tracer that recorded before (hand it to :meth:`exit`)."""
-        with cls._lock:
-            if cls._users[slot] == 0:
-                cls._original[slot] = vars(torch.nn.Module)[slot]
-                setattr(torch.nn.Module, slot, _REPLACEMENTS[slot])
-            cls._users[slot] += 1
+        cls.hold(slot)
         previous = getattr(cls._local, "tracer", None)
         cls._local.tracer = tracer
         return previous
@@ -152,6 +162,20 @@ class _ModuleCalls:
         """Undo :meth:`enter`: ``previous`` records again, and the slot is torch's own once its
         last user exits."""
         cls._local.tracer = previous
+        cls.release(slot)
+
+    @classmethod
+    def hold(cls, slot: str) -> None:
+        """One more user of the replaced ``slot`` (replaced now if it had none)."""
+        with cls._lock:
+            if cls._users[slot] == 0:
+                cls._original[slot] = vars(torch.nn.Module)[slot]
+                setattr(torch.nn.Module, slot, _REPLACEMENTS[slot])
+            cls._users[slot] += 1
+
+    @classmethod
+    def release(cls, slot: str) -> None:
+        """One user of ``slot`` fewer; torch's own method is put back when none is left."""
         with cls._lock:
             cls._users[slot] -= 1
             if cls._users[slot] == 0 and vars(torch.nn.Module).get(slot) is _REPLACEMENTS[slot]:
@@ -179,6 +203,26 @@ def _module_call_impl(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any
 
 
 _REPLACEMENTS = {"__call__": _module_call, "_call_impl": _module_call_impl}
+
+
+class Holds:
+    """The slots one drive keeps replaced from their first use to its end (:data:`HOLD_FOR_THE_DRIVE`):
+    :meth:`keep` before recording in a mode, :meth:`release` once the drive ends (in a ``finally``)."""
+
+    def __init__(self) -> None:
+        self.slots: set[str] = set()
+
+    def keep(self, mode: str) -> None:
+        """Hold the slot ``mode`` replaces, if :data:`HOLD_FOR_THE_DRIVE` and not held yet."""
+        slot = _slot(mode)
+        if slot is not None and HOLD_FOR_THE_DRIVE and slot not in self.slots:
+            _ModuleCalls.hold(slot)
+            self.slots.add(slot)
+
+    def release(self) -> None:
+        """Give every held slot back (torch's own method is put back when no one else uses it)."""
+        while self.slots:
+            _ModuleCalls.release(self.slots.pop())
 
 
 class _ModuleCalled(Exception):

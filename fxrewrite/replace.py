@@ -40,7 +40,7 @@ import torch.fx as fx
 from torch.fx.node import Node
 
 from ._captured import CapturedModules, ModuleWrite, captured_modules
-from ._module_calls import DUNDER, first_mode, next_mode, recording
+from ._module_calls import DUNDER, Holds, first_mode, next_mode, recording
 from ._torch import add_node, fresh_node_name, is_erased, node_name_base, tree_leaves
 from .canon import (
     METADATA_ATTRIBUTES,
@@ -535,8 +535,9 @@ class Splicer:
 
     While a replacement function runs, calling any ``nn.Module`` on Proxies in this thread
     records a ``call_module`` node instead of tracing through its ``forward`` (see
-    :mod:`fxrewrite._module_calls`). Using a splicer as a context manager is allowed and does nothing
-    more (it used to install that for its whole life).
+    :mod:`fxrewrite._module_calls`). Used as a context manager (a drive), the splicer keeps the
+    method of ``nn.Module`` that recording replaces from its first replacement that records to
+    the block's end (:class:`~fxrewrite._module_calls.Holds`), instead of replacing it around each call.
     """
 
     def __init__(self, gm: fx.GraphModule, modules: dict[str, torch.nn.Module]) -> None:
@@ -551,12 +552,17 @@ class Splicer:
         self._modes: dict[tuple[str, int], str] = {}
         #: Per rule (by id, the rule kept alive): the names of its literal captures (see :func:`_literal_captures`).
         self._captures: dict[int, tuple[Rule, tuple[str, ...] | None]] = {}
+        self._holds: Holds | None = None  # inside ``with splicer:``, the slots held until its end
 
     def __enter__(self) -> Splicer:
+        if self._holds is None:
+            self._holds = Holds()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        return None
+        holds, self._holds = self._holds, None
+        if holds is not None:
+            holds.release()
 
     def listen(self, listener: Callable[[Change], object]) -> None:
         """Call ``listener(change)`` after every successful splice, in the order listeners were added."""
@@ -658,6 +664,8 @@ class Splicer:
         a module call got past the recording (then everything the call did is undone and its
         names freed, so that calling it again makes the same graph)."""
         tracer = self.tracer
+        if self._holds is not None:
+            self._holds.keep(mode)
         names = tracer.names() if mode != DUNDER else None  # nothing gets past DUNDER: never rolled back here
         watch = None
         try:

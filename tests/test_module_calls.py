@@ -108,6 +108,67 @@ def test_a_recording_block_puts_everything_back_when_it_raises_and_when_nested(m
     assert _replaced() == set() and _no_hooks_left() and module_calls._ModuleCalls.active_tracer() is None
 
 
+@pytest.mark.parametrize("held", [True, False], ids=["held", "not held"])
+def test_a_held_slot_stays_replaced_between_recordings_and_calls_torchs_own_outside_them(monkeypatch, held):
+    """``Holds.keep`` (``HOLD_FOR_THE_DRIVE``) keeps a mode's slot replaced after its recording
+    block ends, once however often it is kept, until ``release``; meanwhile a module called on a
+    tensor, or on a Proxy with no recording block, runs torch's own call (its hooks too) and
+    nothing is recorded. Off, keeping holds nothing."""
+    monkeypatch.setattr(module_calls, "HOLD_FOR_THE_DRIVE", held)
+    recorder, holds = _Recorder(), module_calls.Holds()
+    relu = torch.nn.ReLU()
+    hooked: list[torch.nn.Module] = []
+    relu.register_forward_hook(lambda module, args, out: hooked.append(module))
+    graph = fx.Graph()
+    proxy = fx.Proxy(graph.placeholder("x"))
+    try:
+        for mode in (module_calls.IMPL, module_calls.IMPL, module_calls.DUNDER, module_calls.WATCH):
+            holds.keep(mode)
+            with module_calls.recording(recorder, mode):
+                pass
+        assert _replaced() == ({"_call_impl", "__call__"} if held else set())
+        torch.testing.assert_close(relu(-X), torch.relu(-X))
+        traced = relu(proxy)  # no recording block: traced through, as torch's own call does
+        assert isinstance(traced, fx.Proxy) and traced.node.target is torch.nn.functional.relu
+        assert recorder.calls == [] and hooked == [relu, relu]
+    finally:
+        holds.release()
+    assert _replaced() == set() and _no_hooks_left() and module_calls._ModuleCalls.active_tracer() is None
+    holds.release()  # twice: nothing more to give back
+    assert _replaced() == set()
+
+
+def test_a_splicer_block_gives_back_what_it_held_also_when_it_raises():
+    """A splicer used as a context manager holds the slot its replacements recorded in until the
+    block ends, also by an exception; outside a block it holds nothing after a splice."""
+    from fxrewrite.match import match_at
+    from fxrewrite.replace import Splicer
+
+    linear = torch.nn.Linear(4, 4)
+    rule = Rule.from_functions(lambda x: torch.neg(torch.neg(x)), lambda x: linear(x), name="neg_neg_linear")
+
+    def splice_all(splicer, gm):
+        for node in list(gm.graph.nodes):
+            if node.op == "call_function" and not node._erased:
+                for match in match_at(rule.compiled, node, gm):
+                    splicer.splice(match, rule)
+                    break
+
+    gm = fx.symbolic_trace(lambda a: torch.neg(torch.neg(a)) + 1)
+    with pytest.raises(ZeroDivisionError), Splicer(gm, dict(gm.named_modules())) as splicer:
+        splice_all(splicer, gm)
+        assert _replaced() == {"_call_impl"}
+        raise ZeroDivisionError("the drive fails")
+    assert _replaced() == set() and _no_hooks_left()
+    gm = fx.symbolic_trace(lambda a: torch.neg(torch.neg(a)) + 1)
+    splice_all(Splicer(gm, dict(gm.named_modules())), gm)
+    assert _replaced() == set()
+    assert [n.op for n in gm.graph.nodes].count("call_module") == 1
+    gm.graph.lint()
+    gm.recompile()
+    torch.testing.assert_close(gm(X), linear(X) + 1)
+
+
 @pytest.mark.parametrize("catch", [False, True])
 def test_a_replacement_calling_a_module_it_does_not_name_records_the_same_graph_in_every_mode(monkeypatch, catch):
     """The slow twins (``PATCH_ALWAYS``: every replacement called with module calls recorded;
