@@ -45,6 +45,7 @@ from ._torch import add_node, fresh_node_name, is_erased, node_name_base, tree_l
 from .canon import (
     METADATA_ATTRIBUTES,
     METADATA_METHODS,
+    alias_class,
     aten_spelling,
     effects,
     is_aten_graph,
@@ -825,14 +826,45 @@ def _refuse_non_tensor_outputs(match: Match, rule: Rule, outputs: list[Node]) ->
 
 
 def _refuse_input_mutation(match: Match, rule: Rule, created: list[Node]) -> None:
+    """A replacement writes in place only into tensors it made: not into an input, a view of one
+    (``x.view(-1).add_(1)``: the rest of the program still reads ``x``, and the caller's tensor
+    would change), a constant or anything else the graph held before it."""
     inputs = {v for v in match.bindings.values() if isinstance(v, Node)}
+    fresh: set[Node] | None = None
     for node in created:
-        written = [v for v in written_arguments(node) if v in inputs]
-        if written:
+        written = written_arguments(node)
+        if not written:
+            continue
+        direct = [v for v in written if v in inputs]
+        if direct:
             raise RewriteError(
-                f"{_where(rule, match)}: the replacement writes in place into its input '{written[0].name}' "
+                f"{_where(rule, match)}: the replacement writes in place into its input '{direct[0].name}' "
                 f"({node.format_node()}), which the rest of the program still reads; use the out-of-place op."
             )
+        if fresh is None:
+            fresh = {n for n in created if n.op not in ("placeholder", "get_attr")}
+        for value in written:
+            held = _held_value(value, fresh)
+            if held is not None:
+                raise RewriteError(
+                    f"{_where(rule, match)}: the replacement writes in place into '{value.name}' "
+                    f"({node.format_node()}), which {held}; write only into tensors the replacement made "
+                    f"(or use the out-of-place op).")
+
+
+def _held_value(value: Node, fresh: set[Node]) -> str | None:
+    """Why a write into ``value`` reaches beyond the tensors a replacement made (``fresh``: the
+    nodes it created, constants left out), or ``None``: a value that may share its storage
+    (:func:`~fxrewrite.canon.alias_class`) was in the graph before, or is a constant."""
+    members = alias_class(value)
+    if members is None:
+        return "shares storage with too many values to prove that it is the replacement's own"
+    for member in members:
+        if member.op == "get_attr" or member not in fresh:
+            what = "a tensor the module holds (written at every run)" if member.op == "get_attr" else \
+                "a value the replacement did not make"
+            return f"is {what}" if member is value else f"may share storage with '{member.name}', {what}"
+    return None
 
 
 def _fix_for(exc: Exception, annotated: bool) -> str:

@@ -547,3 +547,41 @@ def test_replacement_that_mutates_a_bound_input_is_refused():
     r = Rule.from_functions(lambda x: torch.clamp(x, min=0), lambda x: x.relu_(), name="clamp_to_relu_")
     with pytest.raises(RewriteError, match=r"writes in place into its input 'a'.*use the out-of-place op"):
         rewrite(lambda a: torch.clamp(a, min=0) + a, r)
+
+
+def _writes_into_a_view_of_its_input(x):
+    x.view(-1).add_(1.0)
+    return torch.sin(x)
+
+
+def _writes_into_a_constant(x):
+    return torch.zeros(3).add_(x)  # the zeros are a tensor the module would hold, written at every run
+
+
+@pytest.mark.parametrize(("replacement", "message"), [
+    (_writes_into_a_view_of_its_input, r"writes in place into 'view'.*may share storage with 'a', a value the "
+                                       r"replacement did not make.*write only into tensors the replacement made"),
+    (_writes_into_a_constant, r"writes in place into 'writes_elsewhere_const_0'.*, which is a tensor the module "
+                              r"holds \(written at every run\)"),
+], ids=["a view of its input", "a constant"])
+def test_replacement_that_writes_into_what_it_did_not_make_is_refused_and_nothing_changes(replacement, message):
+    """A write into a view of an input reaches the input (which the program reads again, and which
+    is the caller's tensor); a write into a constant changes the module at every run."""
+    rule = Rule.from_functions(lambda x: torch.tanh(torch.cos(x)), replacement, name="writes_elsewhere")
+    traced = torch.fx.symbolic_trace(lambda a: torch.tanh(torch.cos(a)) + a)
+    before = traced.code
+    with pytest.raises(RewriteError, match=message):
+        rewrite(traced, rule, inplace=True)
+    assert traced.code == before and len(traced.graph.nodes) == 5
+    traced.graph.lint()
+
+
+def test_replacement_that_writes_into_a_tensor_it_made_is_spliced():
+    def replacement(x):
+        y = torch.clone(x)
+        y.mul_(2.0)
+        return y + torch.neg(torch.neg(x))
+
+    rule = Rule.from_functions(lambda x: x * 3.0, replacement, name="times_three_in_place")
+    result = assert_sound(lambda a: torch.relu(a * 3.0), rule, (3, 3))
+    assert result.report.applied["times_three_in_place"] == 1
