@@ -165,29 +165,35 @@ def _lint_passes(graph: fx.Graph) -> bool:
     per-argument message fx formats before checking, and in one pass: a side-table bucket read
     per node (not two method calls), the arguments by one set comparison, the names counted."""
     seen: set[Node] = set()  # nodes of this graph only, each once it is defined
-    names: set[str] = set()
+    defined, add = seen.issuperset, seen.add  # (bound once: asked of every node)
     buckets = side_table_buckets(graph)
+    by_target: dict[Any, Any] = {}  # per call_function target, its bucket (no key tuple built per call)
+    by_op = {op: buckets.get((op, None), ()) for op in _LEGAL_OPS}  # the other opcodes' buckets
     owner = graph.owning_module
     paths: list[Node] = []  # get_attr and call_module nodes: their targets are paths in the owner
-    count = 0
+    names: list[str] = []
     for node in graph.nodes:
         op, target = node.op, node.target
-        if (op not in _LEGAL_OPS or node.graph is not graph
-                or node not in buckets.get((op, target if op == "call_function" else None), ())
-                or not seen.issuperset(node._input_nodes)):
-            return False
-        if owner:
-            if op == "call_function":
-                if not callable(target):
-                    return False
-            elif not isinstance(target, str):
+        if op == "call_function":
+            bucket = by_target.get(target)
+            if bucket is None:
+                bucket = by_target[target] = buckets.get((op, target), ())
+            if owner and not callable(target):
                 return False
-            elif op == "get_attr" or op == "call_module":
-                paths.append(node)
-        seen.add(node)
-        names.add(node.name)
-        count += 1
-    return len(names) == count and all(_target_exists(owner, node) for node in paths)  # type: ignore[arg-type]
+        else:
+            bucket = by_op.get(op)
+            if bucket is None:  # an illegal opcode
+                return False
+            if owner:
+                if not isinstance(target, str):
+                    return False
+                if op == "get_attr" or op == "call_module":
+                    paths.append(node)
+        if node not in bucket or node.graph is not graph or not defined(node._input_nodes):
+            return False
+        add(node)
+        names.append(node.name)
+    return len(set(names)) == len(names) and all(_target_exists(owner, node) for node in paths)  # type: ignore[arg-type]
 
 
 def _target_exists(owner: torch.nn.Module, node: Node) -> bool:
