@@ -34,7 +34,6 @@ import attrs
 import torch
 from torch.fx.node import Node
 from torch.nn.modules import module as module_module
-from torch.nn.utils import parametrize
 
 from . import _torch
 from .canon import (
@@ -56,6 +55,7 @@ from .canon import (
     same_literal,
     through_identities,
 )
+from .canon.effects import is_parametrized
 from .canon.meaning import target_key
 from .errors import MetadataError
 from .meta import has_value, tensor_value, value_of
@@ -1429,7 +1429,7 @@ def _hooks(module: torch.nn.Module) -> str:
                             ("_backward_hooks", "backward hooks"), ("_backward_pre_hooks", "backward pre-hooks")):
         if getattr(module, attribute, None):
             kinds.append(what)
-    if parametrize.is_parametrized(module):
+    if is_parametrized(module):
         kinds.append("a parametrization")
     for attribute in ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
                       "_global_backward_pre_hooks"):

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 from torch.fx.node import Node
+from torch.nn.utils import parametrize
 
 from .._torch import tree_leaves
 from .ops import FUNCTIONALS, VIEW_ATTRIBUTES, dtype_conversion, is_check
@@ -20,6 +21,7 @@ __all__ = [
     "AUTOGRAD_ONLY_WRITES",
     "alias_class",
     "aliased_inputs",
+    "is_parametrized",
     "is_written",
     "mutation",
     "writers_of",
@@ -40,6 +42,8 @@ def mutation(node: Node) -> str | None:
     True
     """
     kwargs = node.kwargs
+    if not kwargs and node.op == "call_module":  # (neither out= nor inplace=: the module decides)
+        return _module_mutation(node)
     if not kwargs and FAST_MUTATION:
         try:  # the driver asks this of every node of the graph before it rewrites
             filed = _call_mutation_cache.get((node.op, node.target), _UNFILED)
@@ -52,8 +56,7 @@ def mutation(node: Node) -> str | None:
     if _inplace_flag(node):
         return "passes inplace=True"
     if node.op == "call_module":
-        module = _submodule(node)
-        return f"calls the in-place module '{node.target}'" if _inplace_attribute(module) is True else None
+        return _module_mutation(node)
     if node.op not in ("call_method", "call_function"):
         return None
     key = (node.op, node.target)
@@ -69,6 +72,11 @@ def mutation(node: Node) -> str | None:
     except TypeError:  # an unhashable target
         pass
     return found
+
+
+def _module_mutation(node: Node) -> str | None:
+    """:func:`mutation` of a ``call_module`` node called without ``out=`` or ``inplace=True``."""
+    return f"calls the in-place module '{node.target}'" if _inplace_attribute(_submodule(node)) is True else None
 
 
 _target_mutation_cache: dict[tuple[str, Any], str | None] = {}
@@ -233,6 +241,16 @@ def plain_attribute(module: Any, name: str) -> Any:
             if name in held:
                 return held[name]
     return ABSENT
+
+
+def is_parametrized(module: Any) -> bool:
+    """``torch.nn.utils.parametrize.is_parametrized(module)``; a module without a ``parametrizations``
+    attribute (:func:`plain_attribute` finds none: ``getattr`` would raise inside
+    ``nn.Module.__getattr__``) is answered ``False`` without the failed lookup (:data:`FAST_MODULE_ATTRIBUTES`;
+    the matcher asks this of every module a capture binds)."""
+    if FAST_MODULE_ATTRIBUTES and plain_attribute(module, "parametrizations") is ABSENT:
+        return False
+    return parametrize.is_parametrized(module)
 
 
 def _plain_submodule(owner: Any, target: str) -> Any:

@@ -326,3 +326,59 @@ def test_plain_attribute_answers_what_getattr_answers_or_declines():
     assert plain_attribute(_ClassFlag(), "inplace") is UNSURE  # the class names it
     assert plain_attribute(_OwnGetattr(), "anything") is UNSURE
     assert plain_attribute(torch.nn.ReLU(inplace=True), "inplace") is True
+
+
+class _ParametrizationsProperty(torch.nn.Linear):
+    @property
+    def parametrizations(self):
+        return torch.nn.ModuleDict({"weight": torch.nn.Identity()})
+
+
+class _OwnGetattrParametrized(torch.nn.Linear):
+    def __getattr__(self, name):
+        if name == "parametrizations":
+            return torch.nn.ModuleDict({"weight": torch.nn.Identity()})
+        return super().__getattr__(name)
+
+
+class _Double(torch.nn.Module):
+    def forward(self, w):
+        return 2 * w
+
+
+def _parametrized_linear():
+    from torch.nn.utils import parametrize
+
+    module = torch.nn.Linear(2, 2)
+    parametrize.register_parametrization(module, "weight", _Double())
+    return module
+
+
+def _parametrizations_submodule(held):
+    module = torch.nn.Linear(2, 2)
+    module.add_module("parametrizations", held)
+    return module
+
+
+@pytest.mark.parametrize("make, parametrized", [
+    (lambda: torch.nn.Linear(2, 2), False),
+    (_parametrized_linear, True),
+    (lambda: _parametrizations_submodule(torch.nn.ModuleDict()), False),  # empty
+    (lambda: _parametrizations_submodule(torch.nn.ModuleDict({"w": torch.nn.Identity()})), True),
+    (lambda: _parametrizations_submodule(torch.nn.Identity()), False),  # not a ModuleDict
+    (lambda: _ParametrizationsProperty(2, 2), True),
+    (lambda: _OwnGetattrParametrized(2, 2), True),
+], ids=["plain", "registered", "empty table", "table", "not a table", "property", "own __getattr__"])
+def test_is_parametrized_answers_as_torch_with_either_attribute_read(make, parametrized):
+    from torch.nn.utils import parametrize
+
+    from fxrewrite.canon import effects
+
+    module = make()
+    assert parametrize.is_parametrized(module) is parametrized
+    assert effects.is_parametrized(module) is parametrized
+    effects.FAST_MODULE_ATTRIBUTES = False
+    try:
+        assert effects.is_parametrized(module) is parametrized
+    finally:
+        effects.FAST_MODULE_ATTRIBUTES = True
