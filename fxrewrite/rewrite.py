@@ -37,6 +37,7 @@ from torch.fx.node import Node
 
 from ._gc import collections_paused
 from ._torch import side_table_buckets
+from .canon import effects
 from .codegen import recompile
 from .driver import Driver
 from .errors import ArgumentError, FxRewriteError, NotEquivalent, RewriteError
@@ -326,13 +327,16 @@ def _delete_unused_submodules(gm: fx.GraphModule) -> None:
     used: set[str] = set()
     graph = gm.graph
     for node in [*graph.find_nodes(op="call_module"), *graph.find_nodes(op="get_attr")]:
-        if not isinstance(node.target, str):
+        target = node.target
+        if not isinstance(target, str):
             continue
-        used.update(itertools.accumulate(node.target.split("."), _join_path))  # "a.b.c": "a", "a.b", "a.b.c"
+        if "." in target:
+            used.update(itertools.accumulate(target.split("."), _join_path))  # "a.b.c": "a", "a.b", "a.b.c"
+        else:
+            used.add(target)
         if node.op == "call_module":
-            try:
-                submodule = gm.get_submodule(node.target)
-            except AttributeError:  # a node naming a module that does not exist: nothing to keep below it
+            submodule = _submodule(gm, target)
+            if submodule is None:  # a node naming a module that does not exist: nothing to keep below it
                 continue
             if submodule._modules or type(submodule).named_modules is not torch.nn.Module.named_modules:
                 used.update(f"{node.target}.{name}" for name, _ in submodule.named_modules() if name != "")
@@ -346,6 +350,20 @@ def _delete_unused_submodules(gm: fx.GraphModule) -> None:
             continue  # below a deleted module: out of gm's reach already
         delattr(listed[parent], atom)
         gone.add(name)
+
+
+def _submodule(gm: fx.GraphModule, target: str) -> torch.nn.Module | None:
+    """``gm.get_submodule(target)``, ``None`` where it raises ``AttributeError``; read with
+    :func:`~fxrewrite.canon.effects.plain_attribute` where that can tell (its slow twin,
+    ``FAST_MODULE_ATTRIBUTES`` off: ``get_submodule``)."""
+    if effects.FAST_MODULE_ATTRIBUTES:
+        found = effects.plain_submodule(gm, target)
+        if found is not effects.UNSURE:
+            return found
+    try:
+        return gm.get_submodule(target)
+    except AttributeError:
+        return None
 
 
 def _join_path(prefix: str, atom: str) -> str:

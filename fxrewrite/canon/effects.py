@@ -177,7 +177,7 @@ def _submodule(node: Node) -> Any:
     if owner is None:
         return None
     if FAST_MODULE_ATTRIBUTES:
-        found = _plain_submodule(owner, str(node.target))
+        found = plain_submodule(owner, str(node.target))
         if found is not UNSURE:
             return found
     try:
@@ -253,7 +253,7 @@ def is_parametrized(module: Any) -> bool:
     return parametrize.is_parametrized(module)
 
 
-def _plain_submodule(owner: Any, target: str) -> Any:
+def plain_submodule(owner: Any, target: str) -> Any:
     """``owner.get_submodule(target)`` read with :func:`plain_attribute` (``None`` where it raises
     ``AttributeError``), or :data:`UNSURE` when a module on the path is not plain or ``owner``'s
     class has a ``get_submodule`` of its own."""
