@@ -75,7 +75,6 @@ from .canon import (
     input_keys,
     is_aten_graph,
     is_check,
-    mutation,
     node_keys,
     same_literal,
     writers_of,
@@ -507,8 +506,10 @@ class Driver:
         node (a settled rule is not counted: the screen's bulk count does not know it)."""
         screen = self.rules.screen(node, level) if not self.settled else None
         if screen is not None:
-            tried = screen.passing or not SCREENS_BY_INPUT  # (none passing: no rule tried, a miss)
-            screen.visited(self._try(node, screen.passing, screen.keys) if tried else None, self.tallies)
+            if not screen.passing and SCREENS_BY_INPUT:  # no rule tried, a miss
+                screen.misses += 1
+            else:
+                screen.visited(self._try(node, screen.passing, screen.keys), self.tallies)
             return
         self.rules.asked = None
         applied = self._try(node, self._rules_at(node, level))
@@ -535,8 +536,10 @@ class Driver:
             refusal = None
             for match in matchers[rule.name](node):
                 # (the common case, no guard and nothing to place, without a call)
-                if rule.where or self.graph_writes or match.pattern.is_multi_output:
+                if self.graph_writes or pattern.is_multi_output:
                     refusal = _refusal(rule, match, self._writers if self.graph_writes else None)
+                elif rule.where:  # (no placement to check: the guards only, as _refusal would)
+                    refusal = rule.refusal(match)
                 if refusal is None:
                     try:
                         self._apply(rule, match, tally)
@@ -582,7 +585,7 @@ class Driver:
         if self._applying is not None:
             rule, match, users = self._applying
             new_anchor = _standing_for(change, match.anchor)
-            if rule.compiled.anchor_key in node_keys(new_anchor) and self._reproduces(rule, match, new_anchor):
+            if self._reproduces(rule, match, new_anchor):
                 self.settled.setdefault(rule.name, set()).add(new_anchor)
             short = (SHORT_DELETION_REQUEUE and self.pruned and not change.created and not self.multi_output)
             rewired, unwalked = _rewired(change, users, self.largest, self.multi_output,
@@ -594,9 +597,9 @@ class Driver:
         pattern matches it again with the same bindings: ``F.relu(x, inplace=False) =>
         torch.relu(x)``, ``x + y => y + x``): the rule is not tried there again, so such a rule
         fires once per place instead of looping until the budget runs out."""
-        if rule.anchor_key not in node_keys(new_anchor):
-            return False
         if self.anchor_classes and _wrong_module(self.anchor_classes.get(rule.name), new_anchor, self.modules):
+            return False  # (first: a module call is filed under its opcode alone, a fold's result under the anchor's)
+        if rule.compiled.anchor_key not in node_keys(new_anchor):
             return False
         return any(_same_bindings(again.bindings, match.bindings) for again in self._matchers[rule.name](new_anchor))
 
@@ -607,7 +610,7 @@ class Driver:
         (into a tensor of its own) ends the pruning (:data:`PRUNED_REQUEUE`): that node's key may
         change."""
         if self.pruned and change.created:
-            self.pruned = not any(mutation(n) is not None for n in change.created)
+            self.pruned = not writes_in_place(change.created)
         mark = self.worklist.mark if self.pruned else None
         reached = _reached(change, self.reach, self.largest, mark, rewired, unwalked)
         if reached:

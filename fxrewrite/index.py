@@ -123,10 +123,15 @@ class OpIndex:
     def add(self, nodes: Iterable[Node]) -> None:
         """File nodes just created in the graph (erased ones are skipped), and note that the
         graph changed: nodes erased since are dropped from their buckets when next read."""
+        added, canonical = self._added, self.canonical
         for node in nodes:
             if not is_erased(node):
-                for key in self.keys(node):
-                    self._added.setdefault(key, []).append(node)
+                for key in node_keys(node, canonical):
+                    bucket = added.get(key)
+                    if bucket is None:
+                        added[key] = [node]
+                    else:
+                        bucket.append(node)
         self._generation += 1
 
     def nodes(self, key: Hashable) -> list[Node]:
