@@ -583,3 +583,32 @@ def test_a_fill_handed_over_in_graph_order_pops_what_the_sorted_fill_pops(monkey
         popped[ordered] = [(n.name, level) for n, level in order]
     assert popped[True] == popped[False]
     assert len(popped[True]) == 4 + 11 + 1 and ("neg", 1) in popped[True]
+
+
+def test_an_aten_graph_is_told_by_its_side_table_as_by_a_pass_over_its_nodes(monkeypatch):
+    """``ATEN_BY_TARGETS``: the side table's ``call_function`` targets tell an ATen graph as
+    ``is_aten_graph`` over the nodes does: a traced graph (no), an exported one (yes), one whose
+    only ATen call was erased (its empty bucket stays: no), one with an ATen call added (yes)."""
+    import fxrewrite.driver as driver
+    from fxrewrite.canon import is_aten_graph
+
+    traced = fx.symbolic_trace(lambda x: torch.relu(x) + 1).graph
+    exported = torch.export.export(_ReluModule(), (X,)).graph_module.graph
+    erased = fx.symbolic_trace(lambda x: torch.relu(x) + 1).graph
+    relu = next(n for n in erased.nodes if n.target is torch.relu)
+    with erased.inserting_after(relu):
+        aten = erased.call_function(torch.ops.aten.neg.default, (relu,))
+    added = copy.deepcopy(erased)  # (a copy holding the ATen call)
+    erased.erase_node(aten)
+    graphs = {"traced": (traced, False), "exported": (exported, True), "erased": (erased, False),
+              "added": (added, True)}
+    for name, (graph, expected) in graphs.items():
+        assert is_aten_graph(graph.nodes) is expected, name
+        for fast in (False, True):
+            monkeypatch.setattr(driver, "ATEN_BY_TARGETS", fast)
+            assert driver._is_aten(graph) is expected, (name, fast)
+
+
+class _ReluModule(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(x) + 1
