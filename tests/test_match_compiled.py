@@ -205,10 +205,14 @@ def test_result_kinds_filed_by_argument_types_are_the_kinds_filed_by_layout():
     gm = fx.symbolic_trace(program)
     exported = torch.export.export(torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU()),
                                    (torch.randn(2, 3),)).graph_module
-    graphs = [gm.graph, exported.graph, *(rule.compiled.graph for rule in LIBRARY)]
+    modules = fx.symbolic_trace(torch.nn.Sequential(torch.nn.Conv2d(1, 1, 1), torch.nn.ReLU()))
+    described = fx.symbolic_trace(torch.nn.Sequential(torch.nn.Conv2d(1, 1, 1), torch.nn.ReLU()))
+    propagate_inputs(described, (torch.randn(1, 1, 2, 2),))  # module calls with metadata
+    graphs = [gm.graph, exported.graph, modules.graph, described.graph, *(rule.compiled.graph for rule in LIBRARY)]
     nodes = [n for g in graphs for n in g.nodes]
     with _fast(False):
         slow = [schema.result_kind(n) for n in nodes]
+    assert [schema.result_kind(n) for n in described.graph.nodes if n.op == "call_module"] == ["tensor"] * 2
     schema._flat_kinds.clear()
     schema._schema_targets.clear()
     with _fast(True):

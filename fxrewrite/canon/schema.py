@@ -348,6 +348,8 @@ def _filed_kind(node: Node) -> ResultKind | None:
         return None
     meta = node.meta
     if not meta or (_VALUE not in meta and _DYNAMO_VALUE not in meta and meta.get(_TENSOR_META) is None):
+        if node.op == "call_module":
+            return "unknown"  # (what _kind says of a module call without metadata: modules have no schema)
         try:  # no metadata, a target that goes straight to its schema: the kind filed by argument types
             if (node.op, node.target) in _schema_targets:
                 return _flat_kinds.get((node.op, node.target, tuple(map(type, node._args))))
