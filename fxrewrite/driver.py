@@ -80,11 +80,12 @@ from .canon import (
     writers_of,
     writes_in_place,
 )
+from .canon.identities import may_be_identity
 from .canon.meaning import input_target
 from .dispatch import RuleIndex
 from .errors import DidNotConverge, Refuse, RewriteError
 from .index import OpIndex
-from .match import Match, anchor_module_class, matcher
+from .match import Match, anchor_input_module_classes, anchor_module_class, matcher
 from .meta import copy_value
 from .replace import Change, Splicer, placement_refusal
 from .report import MAX_REASONS, Report, RuleStats
@@ -118,6 +119,12 @@ ORDERED_FILL = True
 #: search refuses it first thing); ``False`` is the slow twin (the search says no), kept equal by
 #: ``tests/test_driver.py``'s differential test. modules 10% 8k: ~4 searches per fold, 2 of them here.
 FAST_MODULE_ANCHOR = True
+#: Skip, without the matcher, a rule whose anchor reads the call of a module capture (``lin(x) + b``)
+#: at a node none of whose inputs calls a module of the capture's class nor may be an identity
+#: (:func:`~fxrewrite.match.anchor_input_module_classes`: the search refuses every input there);
+#: ``False`` is the slow twin (the search says no), kept equal by ``tests/test_driver.py``.
+#: modules 10% 8k: linear_layer_add_bias at the 61 sums reading a BatchNorm, 30 us a search.
+FAST_MODULE_INPUTS = True
 _GROUPED_FROM = 3  # rules under one op key from which the index may tell some apart by a literal
 #: Run the anchor-input pre-check once per op key and set of input keys (:class:`_Screen`), not
 #: once per rule and visit: a visit tries only the rules that pass it, and the others count their
@@ -466,9 +473,8 @@ class Driver:
         needs_modules = any(r.compiled.module_captures for r in ruleset)
         self.modules: dict[str, torch.nn.Module] = dict(gm.named_modules()) if needs_modules else {}
         self.settled: dict[str, set[Node]] = {}  # per rule, the nodes it produced from its own pattern
-        #: Per rule anchored at a module capture's call, the class its anchor's module must have.
-        self.anchor_classes = {r.name: cls for r in ruleset
-                               if (cls := anchor_module_class(r.compiled)) is not None} if needs_modules else {}
+        #: Per rule, the class its anchor's module must have, and the classes its anchor's inputs must call.
+        self.anchor_classes, self.input_classes = _module_classes(ruleset) if needs_modules else ({}, {})
         #: Does anything in the graph write in place? (Rewrites never add a write: replacements
         #: writing into their inputs are refused.) Without writes, no match needs the alias walk.
         self.graph_writes = writes_in_place(self.graph.nodes)
@@ -536,7 +542,7 @@ class Driver:
                 keys = input_keys(node) if keys is None else keys
                 if not required <= keys:
                     continue
-            if self.anchor_classes and _wrong_module(self.anchor_classes.get(rule.name), node, self.modules):
+            if (self.anchor_classes or self.input_classes) and _unbindable(self, rule.name, node):
                 continue
             refusal = None
             for match in matchers[rule.name](node):
@@ -649,6 +655,37 @@ def _wrong_module(cls: type | None, node: Node, modules: Mapping[str, torch.nn.M
     ``cls``, cannot bind (:data:`FAST_MODULE_ANCHOR`): the search would refuse it first thing."""
     return (FAST_MODULE_ANCHOR and cls is not None and node.op == "call_module"
             and not isinstance(modules.get(str(node.target)), cls))
+
+
+def _module_classes(ruleset: RuleSet) -> tuple[dict[str, type], dict[str, tuple[type, ...]]]:
+    """Per rule anchored at a module capture's call, the class its anchor's module must have
+    (:func:`~fxrewrite.match.anchor_module_class`); per rule whose anchor reads module captures'
+    calls, their classes (:func:`~fxrewrite.match.anchor_input_module_classes`)."""
+    anchors = {r.name: cls for r in ruleset if (cls := anchor_module_class(r.compiled)) is not None}
+    inputs = {r.name: classes for r in ruleset if (classes := anchor_input_module_classes(r.compiled))}
+    return anchors, inputs
+
+
+def _unbindable(driver: Driver, name: str, node: Node) -> bool:
+    """True when rule ``name`` cannot match at ``node`` for the class of a module its pattern calls
+    (:func:`_wrong_module`, :func:`_no_module_input`): the search would refuse it."""
+    if _wrong_module(driver.anchor_classes.get(name), node, driver.modules):
+        return True
+    classes = driver.input_classes.get(name)
+    return classes is not None and _no_module_input(classes, node, driver.modules)
+
+
+def _no_module_input(classes: tuple[type, ...] | None, node: Node, modules: Mapping[str, torch.nn.Module]) -> bool:
+    """True when, for one of ``classes`` (the classes of the module captures a rule's anchor reads
+    the calls of), no input of ``node`` calls a module of that class and none may be an identity
+    the search would look through (:data:`FAST_MODULE_INPUTS`): the search refuses every way."""
+    if not (FAST_MODULE_INPUTS and classes):
+        return False
+    inputs = node._input_nodes
+    for cls in classes:
+        if not any(a.op == "call_module" and isinstance(modules.get(str(a.target)), cls) for a in inputs):
+            return not any(may_be_identity(a) for a in inputs)  # (the costlier test last)
+    return False
 
 
 def _refusal(rule: Rule, match: Match, writers: Callable[[Node], tuple[Node, ...] | None] | None) -> str | None:

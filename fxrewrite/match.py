@@ -1404,6 +1404,29 @@ def anchor_module_class(pattern: Pattern) -> type | None:
     return param.annotation
 
 
+def anchor_input_module_classes(pattern: Pattern) -> tuple[type, ...]:
+    """The classes of the module captures whose calls ``pattern``'s anchor reads directly
+    (``lin(x) + b``: ``nn.Linear``), for a one-output pattern: at a graph node, each must bind an
+    input of the node calling a module of its class, or be found behind an input the search looks
+    through (an identity: :meth:`_Search.operation`; no other way to match a call of a module
+    capture that is no identity or size expression of the pattern), or :meth:`_Search.module`
+    refuses it. A driver may skip nodes where one class has no such input
+    (``fxrewrite.driver.FAST_MODULE_INPUTS``). Empty when the anchor reads no such call, and for
+    a pattern the tree closures match (:func:`matcher`: they refuse such a module as cheaply)."""
+    if pattern.is_multi_output or _tree_for(pattern, _DEFAULTS) is not None:
+        return ()
+    found = []
+    for pn in pattern.anchor.all_input_nodes:
+        if (pn.op != "call_module" or pn in pattern.outputs or pn in pattern.value_nodes
+                or pn in pattern.identities):
+            continue
+        capture = pattern.placeholders.get(str(pn.target))
+        param = pattern.param_of.get(capture) if capture is not None else None
+        if param is not None and param.kind == "module" and isinstance(param.annotation, type):
+            found.append(param.annotation)
+    return tuple(found)
+
+
 def module_refusal(module: torch.nn.Module, param: Param) -> str | None:
     """Why a module capture must not bind ``module`` (folding it away would change what the
     program computes), or ``None``: hooks, parametrizations, and subclasses that override a

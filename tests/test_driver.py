@@ -224,7 +224,7 @@ def test_a_sorted_fill_pops_what_the_one_heap_pops(monkeypatch):
 
 
 @pytest.mark.parametrize("flag", ["SORTED_FILL", "ORDERED_FILL", "FAST_MODULE_ANCHOR", "PRUNED_REQUEUE", "SCREENED",
-                                  "SCREENS_BY_INPUT"])
+                                  "SCREENS_BY_INPUT", "FAST_MODULE_INPUTS"])
 def test_the_drivers_fast_paths_make_the_graph_and_the_report_their_slow_twins_make(monkeypatch, flag):
     """Each fast path of the driver against its slow twin (the flag off): the same code and the
     same report (applied, attempts, rejected and why) on the library's programs."""
@@ -278,6 +278,58 @@ def test_a_rule_anchored_at_a_module_capture_skips_modules_of_another_class_with
         probe.run()
         assert probe.rewrites == 1 and "bn" in searched and ("conv2" in searched) is not fast
         assert probe.report(0.0).attempts["conv_bn_fold"] == 4  # conv1, conv2, bn and the folded conv
+
+
+class _LayersAndSums(torch.nn.Module):
+    """Sums reading a module call: a bias-free Linear (its rule fires), a BatchNorm (no Linear
+    there), a Linear behind an eval dropout (looked through), a Linear and a BatchNorm summed
+    (no bias: refused)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin1, self.lin2, self.lin3 = (torch.nn.Linear(4, 4, bias=False) for _ in range(3))
+        self.bn, self.bn2, self.drop = torch.nn.BatchNorm1d(4), torch.nn.BatchNorm1d(4), torch.nn.Dropout(0.5)
+
+    def forward(self, x, b):
+        y = self.lin1(x) + b
+        z = self.bn(y) + b
+        w = self.drop(self.lin2(z)) + b
+        return self.lin3(w) + self.bn2(w), torch.relu(z) + w
+
+
+def test_a_rule_reading_a_module_capture_skips_sums_of_no_module_of_its_class_without_the_search(monkeypatch):
+    """``FAST_MODULE_INPUTS``: ``lin(x) + b`` is not searched at a sum reading no Linear and no
+    value that may be an identity (its slow twin searches it there); it still fires at a Linear,
+    behind an eval dropout, and where a Linear and a BatchNorm are summed; same code, same report."""
+    from _helpers import assert_rewrite_sound, standard_rules
+
+    import fxrewrite.driver as driver
+    from fxrewrite import rewrite
+
+    rules = RuleSet([standard_rules()["linear_layer_add_bias"]])
+    real = driver.matcher
+    inputs = (torch.randn(3, 4), torch.randn(4))
+    results, searched = {}, {}
+    for fast in (True, False):
+        seen: list[str] = []
+
+        def spy(pattern, *args, seen=seen, **kwargs):
+            matches = real(pattern, *args, **kwargs)
+            return lambda node: seen.append(node.name) or matches(node)
+
+        monkeypatch.setattr(driver, "matcher", spy)
+        monkeypatch.setattr(driver, "FAST_MODULE_INPUTS", fast)
+        model = _LayersAndSums().eval()
+        results[fast] = rewrite(model, rules, example_inputs=inputs)
+        assert_rewrite_sound(model, results[fast], *inputs)
+        searched[fast] = seen
+    assert results[True].code == results[False].code
+    for what in ("applied", "attempts", "rejected", "reasons"):
+        assert dict(getattr(results[True].report, what)) == dict(getattr(results[False].report, what)), what
+    assert dict(results[True].report.applied) == {"linear_layer_add_bias": 2}  # lin1(x) + b, drop(lin2(z)) + b
+    assert dict(results[True].report.rejected) == {"linear_layer_add_bias": 1}  # lin3(w) + bn2(w): b is no vector
+    assert "add_1" in searched[False] and "add_1" not in searched[True]  # bn(y) + b: no Linear, no identity
+    assert {"add_2", "add_3"} <= set(searched[True])  # a dropout looked through; a Linear beside a BatchNorm
 
 
 # -- the requeue left short of the furthest node popped, against its slow twin --------------------------
