@@ -80,6 +80,7 @@ from .canon import (
     writers_of,
     writes_in_place,
 )
+from .canon.effects import named_modules
 from .canon.identities import may_be_identity
 from .canon.meaning import input_target
 from .dispatch import RuleIndex
@@ -471,7 +472,7 @@ class Driver:
         #: Is some pattern multi-output? (Its anchor may be another user of a value a deletion moved users to.)
         self.multi_output = any(r.compiled.is_multi_output for r in ruleset)
         needs_modules = any(r.compiled.module_captures for r in ruleset)
-        self.modules: dict[str, torch.nn.Module] = dict(gm.named_modules()) if needs_modules else {}
+        self.modules: dict[str, torch.nn.Module] = named_modules(gm) if needs_modules else {}
         self.settled: dict[str, set[Node]] = {}  # per rule, the nodes it produced from its own pattern
         #: Per rule, the class its anchor's module must have, and the classes its anchor's inputs must call.
         self.anchor_classes, self.input_classes = _module_classes(ruleset) if needs_modules else ({}, {})

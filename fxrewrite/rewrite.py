@@ -340,7 +340,7 @@ def _delete_unused_submodules(gm: fx.GraphModule) -> None:
                 continue
             if submodule._modules or type(submodule).named_modules is not torch.nn.Module.named_modules:
                 used.update(f"{node.target}.{name}" for name, _ in submodule.named_modules() if name != "")
-    listed = dict(gm.named_modules())
+    listed = effects.named_modules(gm)
     gone: set[str] = set()
     for name in listed:
         if name in used or not name:  # "" is gm itself: fx finds no attribute of that name

@@ -272,6 +272,50 @@ def plain_submodule(owner: Any, target: str) -> Any:
     return module
 
 
+def named_modules(root: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """``dict(root.named_modules())``: each module once, under the first path met, in the order
+    ``nn.Module.named_modules`` walks them, read from the ``_modules`` tables by one function
+    (:data:`FAST_NAMED_MODULES`) instead of a generator per module; a module whose class has a
+    ``named_modules`` of its own is asked it, with the walk's memo, as torch's does."""
+    if not FAST_NAMED_MODULES or type(root).named_modules is not _NAMED_MODULES:
+        return dict(root.named_modules())
+    found: dict[str, torch.nn.Module] = {}
+    memo: set[torch.nn.Module] = set()
+    _walk_modules(root, "", memo, found)
+    return found
+
+
+def _walk_modules(module: torch.nn.Module, prefix: str, memo: set[torch.nn.Module],
+                  found: dict[str, torch.nn.Module]) -> None:
+    """``nn.Module.named_modules(memo, prefix)`` of ``module`` into ``found`` (a class's own
+    ``named_modules`` asked)."""
+    if type(module).named_modules is not _NAMED_MODULES:
+        for name, held in module.named_modules(memo, prefix):
+            found[name] = held
+        return
+    if module in memo:
+        return
+    memo.add(module)
+    found[prefix] = module
+    for name, child in module._modules.items():
+        if child is None:
+            continue
+        path = f"{prefix}.{name}" if prefix else name
+        if type(child).named_modules is _NAMED_MODULES and not child._modules:  # a leaf, without a call
+            if child not in memo:
+                memo.add(child)
+                found[path] = child
+        else:
+            _walk_modules(child, path, memo, found)
+
+
+#: Walk the module tree with :func:`named_modules`; ``False`` (the slow twin): ``dict(root.named_modules())``
+#: (``tests/canon/test_effects.py`` checks both give the same paths and modules in the same order).
+#: 8k modules row: 797 modules in 0.35 ms, 1,195 in 0.6 ms.
+FAST_NAMED_MODULES = True
+_NAMED_MODULES = torch.nn.Module.named_modules
+
+
 def aliased_inputs(node: Node) -> tuple[Node, ...]:
     """The input nodes whose storage ``node``'s result may share: from the alias annotations of
     the ATen schema (``Tensor(a) self -> Tensor(a)``), for every spelling of the call. Calls

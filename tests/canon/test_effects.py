@@ -382,3 +382,61 @@ def test_is_parametrized_answers_as_torch_with_either_attribute_read(make, param
         assert effects.is_parametrized(module) is parametrized
     finally:
         effects.FAST_MODULE_ATTRIBUTES = True
+
+
+class _OwnNamedModules(torch.nn.Module):
+    """A container listing one child under a name of its own choosing."""
+
+    def __init__(self, child):
+        super().__init__()
+        self.child = child
+
+    def named_modules(self, memo=None, prefix="", remove_duplicate=True):
+        yield prefix, self
+        yield f"{prefix}.renamed" if prefix else "renamed", self.child
+
+
+class _AllEqual(torch.nn.Linear):
+    """Modules equal to one another: the walk's memo keeps only the first."""
+
+    def __eq__(self, other):
+        return isinstance(other, _AllEqual)
+
+    def __hash__(self):
+        return 0
+
+
+def _module_trees():
+    shared = torch.nn.Linear(2, 2)
+    nested = torch.nn.Sequential(torch.nn.Sequential(shared, torch.nn.ReLU()), shared, torch.nn.Conv2d(1, 1, 1))
+    holes = torch.nn.Module()
+    holes.register_module("gone", None)
+    holes.add_module("kept", torch.nn.Sequential(torch.nn.Identity(), shared))
+    root = torch.nn.Module()
+    root.add_module("a", nested)
+    root.add_module("b", holes)
+    root.add_module("own", _OwnNamedModules(torch.nn.Sequential(shared, torch.nn.Tanh())))
+    root.add_module("equal", torch.nn.Sequential(_AllEqual(1, 1), _AllEqual(2, 2)))
+    root.add_module("again", nested)  # the whole subtree met before: listed once
+    return {"tree": root, "graph module": fx.symbolic_trace(nested), "leaf": torch.nn.ReLU(),
+            "own root": _OwnNamedModules(shared)}
+
+
+@pytest.mark.parametrize("name", sorted(_module_trees()))
+def test_named_modules_walks_the_tree_as_torch_does(name):
+    """``FAST_NAMED_MODULES``: the same paths and the same modules in the same order as
+    ``dict(root.named_modules())`` (its slow twin): a module under two paths, a subtree met twice,
+    a ``None`` child, a class listing its children itself, modules equal to one another, a root
+    with its own ``named_modules``."""
+    from fxrewrite.canon import effects
+
+    root = _module_trees()[name]
+    expected = [(path, id(module)) for path, module in dict(root.named_modules()).items()]
+    for fast in (True, False):
+        effects.FAST_NAMED_MODULES = fast
+        try:
+            assert [(path, id(module)) for path, module in effects.named_modules(root).items()] == expected, fast
+        finally:
+            effects.FAST_NAMED_MODULES = True
+    if name == "tree":
+        assert "own.renamed" in dict(expected) and "equal.1" not in dict(expected) and "again" not in dict(expected)
