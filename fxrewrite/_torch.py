@@ -29,6 +29,7 @@ import torch.fx as fx
 import torch.fx._symbolic_trace as _symbolic_trace
 import torch.fx.graph as _fx_graph
 import torch.fx.node as _fx_node
+import torch.nn.modules.module as _module_globals
 import torch.utils._pytree as pytree
 from torch._guards import detect_fake_mode as _detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
@@ -105,8 +106,44 @@ def side_table_buckets(graph: fx.Graph) -> Mapping[tuple[str, Any], Collection[N
 
 def node_name_base(graph: fx.Graph, target: Any) -> str:
     """The name ``graph.create_node`` gives a node calling ``target`` before making it unique
-    (``operator.mul`` gives ``mul``, ``"__add__"`` gives ``add``)."""
+    (``operator.mul`` gives ``mul``, ``"__add__"`` gives ``add``). A string with no uppercase
+    letter that is no magic name is its own base (fx's snake-casing changes nothing in it), read
+    without fx's regex; ``tests/test_torch.py`` checks both agree.
+
+    >>> g = fx.Graph()
+    >>> node_name_base(g, operator.mul), node_name_base(g, "__add__"), node_name_base(g, "convBn_fold_0")
+    ('mul', 'add', 'conv_bn_fold_0')
+    """
+    if (type(target) is str and target == target.lower() and not (target[:2] == "__" and target[-2:] == "__")
+            and type(graph)._target_to_str is _FX_TARGET_TO_STR):
+        return target
     return graph._target_to_str(target)
+
+
+_FX_TARGET_TO_STR = fx.Graph._target_to_str
+
+
+def add_fresh_submodule(gm: fx.GraphModule, name: str, module: torch.nn.Module) -> None:
+    """``gm.add_submodule(name, module)`` for a ``name`` that is no attribute of ``gm`` yet (the
+    caller made it fresh) and holds no dot: filed in ``gm``'s module table directly, without
+    ``add_module``'s failed ``hasattr``, where ``add_module`` would do just that (``gm``'s class
+    keeps torch's ``add_module`` and no global module-registration hook is registered). The slow
+    twin is ``add_submodule`` (``replace.DIRECT_MODULE_CALLS``; ``tests/test_module_calls.py``
+    checks both make the same module).
+
+    >>> gm = fx.symbolic_trace(lambda x: x + 1)
+    >>> add_fresh_submodule(gm, "act", torch.nn.ReLU())
+    >>> gm.act
+    ReLU()
+    """
+    if ("." in name or not name or type(gm).add_module is not _MODULE_ADD_MODULE
+            or not isinstance(module, torch.nn.Module) or _module_globals._global_module_registration_hooks):
+        gm.add_submodule(name, module)
+        return
+    gm._modules[name] = module
+
+
+_MODULE_ADD_MODULE = torch.nn.Module.add_module
 
 
 def fresh_node_name(graph: fx.Graph, base: str) -> str:

@@ -41,7 +41,7 @@ from torch.fx.node import Node
 
 from ._captured import CapturedModules, ModuleWrite, captured_modules
 from ._module_calls import DUNDER, Holds, first_mode, next_mode, recording
-from ._torch import add_node, fresh_node_name, is_erased, node_name_base, tree_leaves
+from ._torch import add_fresh_submodule, add_node, fresh_node_name, is_erased, node_name_base, tree_leaves
 from .canon import (
     METADATA_ATTRIBUTES,
     METADATA_METHODS,
@@ -236,7 +236,10 @@ class _ReplacementTracer(fx.Tracer):
         path = self._module_paths.get(id(module))
         if path is None:
             path = self._fresh_name(type(module).__name__.lower())
-            self.root_module.add_submodule(path, module)
+            if DIRECT_MODULE_CALLS:
+                add_fresh_submodule(self.root_module, path, module)
+            else:
+                self.root_module.add_submodule(path, module)
             self.new_attributes.append(path)
             self.modules[path] = module
             self._module_paths[id(module)] = path

@@ -280,6 +280,8 @@ def test_the_shipped_conv_bn_fold_splices_the_same_graph_with_every_slow_twin(mo
     fast = results[False, True]
     for slow in ((True, True), (False, False)):
         assert results[slow].code == fast.code
+        assert [(name, type(m)) for name, m in results[slow].module.named_modules()][1:] == [
+            (name, type(m)) for name, m in fast.module.named_modules()][1:]  # (each root has a class of its own)
         assert [(n.name, sorted(n.meta)) for n in results[slow].module.graph.nodes] == [
             (n.name, sorted(n.meta)) for n in fast.module.graph.nodes]
         torch.testing.assert_close(results[slow].module(x), fast.module(x), rtol=0, atol=0)

@@ -174,3 +174,49 @@ def test_the_fast_namespace_names_builtins_for_their_own_object_as_fx_does():
     for candidate, obj in [("getattr", getattr), ("list", list), ("getattr", None), ("len", object())]:
         assert fast.create_name(candidate, obj) == slow.create_name(candidate, obj)
     assert fast._used_names == slow._used_names and fast._base_count == slow._base_count
+
+
+def test_a_node_name_base_is_what_fx_makes_of_the_target():
+    """The fast path (a string with no uppercase letter, no magic name) and fx's own
+    ``_target_to_str`` give the same base for every kind of target."""
+    import operator
+
+    graph = fx.Graph()
+    targets = ["conv_bn_fold_conv2d_0", "relu", "layer1.0.conv", "__add__", "__my_op__", "_private", "a__b__",
+               "convBn", "ALL_CAPS", "mixedCaseName_1", "été", "x2y", "", operator.mul, torch.relu, abs]
+    for target in targets:
+        assert _torch.node_name_base(graph, target) == fx.Graph._target_to_str(graph, target), target
+
+    class Spelled(fx.Graph):  # a graph spelling targets its own way keeps its spelling
+        def _target_to_str(self, target):
+            return "custom"
+
+    assert _torch.node_name_base(Spelled(), "relu") == "custom"
+
+
+def test_a_fresh_submodule_is_filed_as_add_submodule_files_it_and_the_hooks_still_run():
+    relu = nn.ReLU()
+    fast, slow = fx.symbolic_trace(lambda x: x + 1), fx.symbolic_trace(lambda x: x + 1)
+    _torch.add_fresh_submodule(fast, "act", relu)
+    slow.add_submodule("act", relu)
+    assert dict(fast.named_children()) == dict(slow.named_children()) == {"act": relu}
+    _torch.add_fresh_submodule(fast, "outer.inner", nn.Tanh())  # a path: add_submodule makes the parents
+    assert isinstance(fast.outer.inner, nn.Tanh)
+
+    seen = []
+    handle = nn.modules.module.register_module_module_registration_hook(
+        lambda module, name, submodule: seen.append(name))
+    try:
+        _torch.add_fresh_submodule(fast, "hooked", nn.Sigmoid())  # a global hook: torch's own path runs it
+    finally:
+        handle.remove()
+    assert seen == ["hooked"] and isinstance(fast.hooked, nn.Sigmoid)
+
+    class Keeping(fx.GraphModule):
+        def add_module(self, name, module):
+            seen.append(f"kept {name}")
+            super().add_module(name, module)
+
+    keeping = Keeping(fast, fast.graph)
+    _torch.add_fresh_submodule(keeping, "more", nn.ReLU())  # a class with its own add_module: called
+    assert seen[-1] == "kept more" and isinstance(keeping.more, nn.ReLU)
