@@ -147,8 +147,14 @@ _MODULE_ADD_MODULE = torch.nn.Module.add_module
 
 
 def fresh_node_name(graph: fx.Graph, base: str) -> str:
-    """A name no node of ``graph`` has, from ``base`` (``mul``, ``mul_1``, ...), reserved."""
-    return graph._graph_namespace.create_name(base, None)
+    """A name no node of ``graph`` has, from ``base`` (``mul``, ``mul_1``, ...), reserved: what
+    the graph's namespace's ``create_name`` hands out, by :class:`FastNamespace`'s steps when it
+    is fx's own namespace and ``base`` a plain ASCII identifier (without fx's regex;
+    ``tests/test_torch.py`` checks both give the same names and state)."""
+    namespace = graph._graph_namespace
+    if type(namespace) is FxNamespace and base.isascii() and base.isidentifier():
+        return FastNamespace._fresh(namespace, base, None)  # type: ignore[arg-type]
+    return namespace.create_name(base, None)
 
 
 def add_node(graph: fx.Graph, name: str, op: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],

@@ -220,3 +220,21 @@ def test_a_fresh_submodule_is_filed_as_add_submodule_files_it_and_the_hooks_stil
     keeping = Keeping(fast, fast.graph)
     _torch.add_fresh_submodule(keeping, "more", nn.ReLU())  # a class with its own add_module: called
     assert seen[-1] == "kept more" and isinstance(keeping.more, nn.ReLU)
+
+
+def test_fresh_node_names_are_what_the_graph_s_namespace_hands_out():
+    """``fresh_node_name`` (fx's namespace, named by the fast namespace's steps where the base is a
+    plain identifier) gives the names and leaves the state fx's ``create_name`` does, also while
+    the counts are journaled (as during a replacement's call)."""
+    from fxrewrite.replace import _CountJournal
+
+    for journaled in (False, True):
+        fast, slow = fx.Graph(), fx.Graph()
+        if journaled:
+            fast._graph_namespace._base_count = _CountJournal(fast._graph_namespace._base_count)
+        for candidate in [*_CANDIDATES, "add", "add", "add_1", "getattr", "list", "x y", "1abc", "été"]:
+            assert _torch.fresh_node_name(fast, candidate) == slow._graph_namespace.create_name(candidate, None), \
+                candidate
+        counts = fast._graph_namespace._base_count
+        assert fast._graph_namespace._used_names == slow._graph_namespace._used_names
+        assert dict(counts.counts if journaled else counts) == slow._graph_namespace._base_count
