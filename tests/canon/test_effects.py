@@ -440,3 +440,36 @@ def test_named_modules_walks_the_tree_as_torch_does(name):
             effects.FAST_NAMED_MODULES = True
     if name == "tree":
         assert "own.renamed" in dict(expected) and "equal.1" not in dict(expected) and "again" not in dict(expected)
+
+
+@pytest.mark.parametrize("name", sorted(MODULES_NAMING_INPLACE))
+def test_writes_in_place_reads_module_classes_once_as_each_read_does(name):
+    """``CLASS_NAMES_ONCE``: in one pass of ``writes_in_place``, what a module's class defines is
+    read once per class (a set of its classes' names) and gives what the walk of its MRO at each
+    read gives (its slow twin): two modules of each row's class at nested paths, each node's
+    answer and the pass's."""
+    from fxrewrite.canon import effects, writes_in_place
+
+    make, writes = MODULES_NAMING_INPLACE[name]
+    root = torch.nn.Module()
+    for parent in ("block", "other"):
+        root.add_module(parent, torch.nn.Module())
+        root.get_submodule(parent).add_module("layer", make())
+    graph = fx.Graph()
+    first = graph.call_module("block.layer", (graph.placeholder("x"),))
+    second = graph.call_module("other.layer", (first,))
+    graph.output(second)
+    gm = fx.GraphModule(root, graph)
+    gm.graph.lint()
+    classes: dict = {}
+    for node in (first, second):
+        assert (effects._module_mutation(node, classes) is not None) is writes
+        assert effects._module_mutation(node, classes) == mutation(node)
+    assert classes  # the memo was filled (the owner's class at least)
+    for once in (False, True):
+        effects.CLASS_NAMES_ONCE = once
+        try:
+            assert writes_in_place(gm.graph.nodes) is writes, once
+            assert writes_in_place([first, second] * effects._NAMES_FROM) is writes, once  # read once per class
+        finally:
+            effects.CLASS_NAMES_ONCE = True
