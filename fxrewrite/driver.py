@@ -316,9 +316,10 @@ class _Matchers(dict[str, Callable[[Node], Iterable[Match]]]):
 
 class _Writers:
     """:func:`~fxrewrite.canon.writers_of`, cached per node with its user count: a node that only
-    lost users keeps its answer (a rewrite never adds an in-place write: replacements writing
-    into inputs are refused, and matches whose outputs are written are never applied), so a
-    widely used input is scanned once, not once per rewrite."""
+    lost users keeps its answer (a rewrite adds no in-place write into a value it did not make:
+    replacements writing into anything else are refused, and matches whose outputs are written
+    are never applied; a write into a tensor of its own comes with new users), so a widely used
+    input is scanned once, not once per rewrite."""
 
     def __init__(self) -> None:
         self._cache: dict[Node, tuple[int, tuple[Node, ...] | None]] = {}
@@ -498,14 +499,15 @@ class Driver:
         aten = _is_aten(self.graph)
         self._logs_rewrites = logger.isEnabledFor(logging.DEBUG)  # (asked once a drive, not at every rewrite)
         visits = 0
-        while self.stop_after is None or self.rewrites < self.stop_after:
-            popped = self.worklist.pop()
-            if popped is None:
-                break
-            visits += 1
-            if self.on_progress is not None and visits % _PROGRESS_EVERY == 0:
-                self.on_progress(self.rewrites, len(self.worklist))
-            self._visit(*popped)
+        with self.splicer:  # (what recording module calls replaces stays replaced until the drive ends)
+            while self.stop_after is None or self.rewrites < self.stop_after:
+                popped = self.worklist.pop()
+                if popped is None:
+                    break
+                visits += 1
+                if self.on_progress is not None and visits % _PROGRESS_EVERY == 0:
+                    self.on_progress(self.rewrites, len(self.worklist))
+                self._visit(*popped)
         if self.on_progress is not None:
             self.on_progress(self.rewrites, 0)
         if self.rewrites:
@@ -590,8 +592,12 @@ class Driver:
 
     def _on_change(self, change: Change) -> None:
         """The splicer's change event: file the new nodes, note a rule that reproduced its own
-        match, and queue what the change may have made matchable."""
+        match, and queue what the change may have made matchable. A replacement that wrote in
+        place (into a tensor of its own) makes the graph one that writes: placements are checked
+        from then on, and the requeue is no longer pruned (:data:`PRUNED_REQUEUE`)."""
         self.index.add(change.created)
+        if change.created and not self.graph_writes and writes_in_place(change.created):
+            self.graph_writes, self.pruned = True, False
         rewired: list[Node] = []
         unwalked: list[Node] = []
         if self._applying is not None:
@@ -618,11 +624,7 @@ class Driver:
     def _requeue(self, change: Change, rewired: Iterable[Node] = (), unwalked: Collection[Node] = ()) -> None:
         """Queue what ``change`` may have made matchable (:func:`_reached`; ``rewired``: the users
         a deletion moved to a value not walked from, ``unwalked`` or one with many users), in one
-        go: the worklist keeps graph order whatever the push order. A replacement writing in place
-        (into a tensor of its own) ends the pruning (:data:`PRUNED_REQUEUE`): that node's key may
-        change."""
-        if self.pruned and change.created:
-            self.pruned = not writes_in_place(change.created)
+        go: the worklist keeps graph order whatever the push order."""
         mark = self.worklist.mark if self.pruned else None
         reached = _reached(change, self.reach, self.largest, mark, rewired, unwalked)
         if reached:

@@ -1,6 +1,6 @@
 """Module calls a replacement makes on Proxies are recorded as ``call_module`` nodes
-(``fxrewrite._module_calls``): the modes agree, and ``nn.Module`` is torch's own between
-replacements and in other threads."""
+(``fxrewrite._module_calls``): the modes agree, and ``nn.Module`` computes as torch's own between
+replacements, after a drive and in other threads."""
 
 from __future__ import annotations
 
@@ -33,16 +33,24 @@ def _no_hooks_left() -> bool:
     return not torch.nn.modules.module._global_forward_pre_hooks
 
 
+@pytest.mark.parametrize("held", [True, False], ids=["held", "around each call"])
 @pytest.mark.parametrize("dunder", [False, True], ids=["impl", "dunder"])
-def test_nn_module_is_torchs_own_between_replacements_and_replaced_only_inside_one(monkeypatch, dunder):
-    """A guard, run between two replacements of the same rewrite, sees torch's own
-    ``nn.Module``; the replacement sees ``_call_impl`` replaced (``__call__`` in the slow twin)."""
+def test_nn_module_is_replaced_inside_replacements_and_computes_as_torchs_own_outside_them(monkeypatch, dunder, held):
+    """The replacement sees ``_call_impl`` replaced (``__call__`` in the slow twin). A guard run
+    before the first replacement sees torch's own ``nn.Module``; one run after it sees the method
+    still replaced when the drive holds it (``HOLD_FOR_THE_DRIVE``), torch's own when it is put
+    back around each call; either way a module it calls on a tensor computes and runs its hooks
+    as torch's own call does. After the rewrite, everything is torch's own."""
     monkeypatch.setattr(module_calls, "PATCH_DUNDER_CALL", dunder)
+    monkeypatch.setattr(module_calls, "HOLD_FOR_THE_DRIVE", held)
     seen: dict[str, list[set[str]]] = {"guard": [], "replacement": []}
     linear = torch.nn.Linear(4, 4)
+    probe, hooked = torch.nn.Tanh(), []
+    probe.register_forward_hook(lambda module, args, out: hooked.append(module))
 
     def guard(match):
         seen["guard"].append(_replaced())
+        torch.testing.assert_close(probe(X), torch.tanh(X))
         return True
 
     def replacement(x):
@@ -53,7 +61,8 @@ def test_nn_module_is_torchs_own_between_replacements_and_replaced_only_inside_o
     f = lambda a: torch.neg(torch.neg(torch.relu(torch.neg(torch.neg(a)))))  # noqa: E731
     result = rewrite(f, rule)
     slot = "__call__" if dunder else "_call_impl"
-    assert seen == {"guard": [set(), set()], "replacement": [{slot}, {slot}]}
+    assert seen == {"guard": [set(), {slot} if held else set()], "replacement": [{slot}, {slot}]}
+    assert hooked == [probe, probe]
     assert _replaced() == set() and _no_hooks_left()
     assert [n.op for n in result.module.graph.nodes].count("call_module") == 2
     result.module.graph.lint()
@@ -194,9 +203,13 @@ def test_a_replacement_calling_a_module_it_does_not_name_records_the_same_graph_
     assert _no_hooks_left() and _replaced() == set()
 
 
-def test_a_replacement_without_module_calls_runs_unpatched_and_one_with_them_patched_from_its_first_call():
+def test_a_replacement_without_module_calls_runs_unpatched_and_one_with_them_patched_from_its_first_call(
+        monkeypatch):
     """Nothing is replaced around a replacement that calls no module; once a replacement was
-    seen calling one, it is called with ``_call_impl`` replaced from then on (once per rewrite)."""
+    seen calling one, it is called with ``_call_impl`` replaced from then on (once per rewrite).
+    (The modes, seen with ``_call_impl`` put back around each call: a drive holding it would
+    show it replaced around every later call.)"""
+    monkeypatch.setattr(module_calls, "HOLD_FOR_THE_DRIVE", False)
     patched: dict[str, list[set[str]]] = {"plain": [], "module": []}
 
     def plain(x):
@@ -233,7 +246,8 @@ def test_a_compiled_module_bypassing_call_impl_is_called_again_with_dunder_call_
     rule = Rule.from_functions(lambda x: torch.neg(torch.neg(x)), replacement, name="neg_neg_compiled")
     f = lambda a: torch.neg(torch.neg(torch.relu(torch.neg(torch.neg(a)))))  # noqa: E731
     result = rewrite(f, rule)
-    assert slots == [{"_call_impl"}, {"__call__"}, {"__call__"}]
+    both = {"_call_impl", "__call__"}  # the drive holds _call_impl from the first call on
+    assert slots == [{"_call_impl"}, both, both]
     assert [n.op for n in result.module.graph.nodes].count("call_module") == 2
     assert _no_hooks_left() and _replaced() == set()
     result.module.graph.lint()

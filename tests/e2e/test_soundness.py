@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from _helpers import assert_rewrite_sound, assert_same_outputs, standard_rules
 
 import fxrewrite
-from fxrewrite import RewriteError, Rule, explain, load_rules, rewrite
+from fxrewrite import RewriteError, Rule, RuleSet, explain, load_rules, rewrite
 
 FUSION = load_rules()
 
@@ -585,3 +585,22 @@ def test_replacement_that_writes_into_a_tensor_it_made_is_spliced():
     rule = Rule.from_functions(lambda x: x * 3.0, replacement, name="times_three_in_place")
     result = assert_sound(lambda a: torch.relu(a * 3.0), rule, (3, 3))
     assert result.report.applied["times_three_in_place"] == 1
+
+
+def _one_through_a_write(x):
+    y = torch.clone(x)
+    z = torch.neg(y)  # read before the write
+    y.add_(1.0)
+    return z + y  # -x + (x + 1)
+
+
+def test_a_write_a_replacement_adds_keeps_later_matches_from_moving_across_it():
+    """A replacement may write into a tensor it made. Once it did, a later match that reads that
+    tensor before and after the write (``neg(y) + y``) cannot be computed at one place: it is
+    refused, as it would be had the program written there from the start."""
+    adds_a_write = Rule.from_functions(lambda x: torch.neg(x) + (x + 1.0), _one_through_a_write,
+                                       name="one_through_a_write")
+    cancels = Rule.from_functions(lambda t: torch.neg(t) + t, lambda t: torch.zeros_like(t), name="neg_plus_self")
+    result = assert_sound(lambda a: torch.neg(a) + (a + 1.0), RuleSet([adds_a_write, cancels]), (4,))
+    assert result.report.applied == {"one_through_a_write": 1, "neg_plus_self": 0}
+    assert "written in place" in " ".join(result.report.stats["neg_plus_self"].reasons)
