@@ -596,7 +596,7 @@ class Driver:
         place (into a tensor of its own) makes the graph one that writes: placements are checked
         from then on, and the requeue is no longer pruned (:data:`PRUNED_REQUEUE`)."""
         self.index.add(change.created)
-        if change.created and not self.graph_writes and writes_in_place(change.created):
+        if change.writes and not self.graph_writes:
             self.graph_writes, self.pruned = True, False
         rewired: list[Node] = []
         unwalked: list[Node] = []

@@ -445,9 +445,11 @@ class _Template:
     #: Per node: no argument is a container (tuple, list, dict, slice), so a replay fills them in
     #: one pass instead of torch.fx's ``map_aggregate`` (:data:`FLAT_REPLAY`).
     flat: tuple[bool, ...] = attrs.field(eq=False, default=())
+    #: Does one of its nodes write in place (into a tensor it made)? (Read from the recorded call.)
+    writes: bool = attrs.field(eq=False, default=False)
 
     @classmethod
-    def record(cls, match: Match, created: list[Node], outputs: list[Node]) -> _Template | None:
+    def record(cls, match: Match, created: list[Node], outputs: list[Node], writes: bool) -> _Template | None:
         slots = {v: _Slot(k) for k, v in match.bindings.items() if isinstance(v, Node)}
         made = {n: _Made(i) for i, n in enumerate(created)}
 
@@ -461,7 +463,7 @@ class _Template:
         graph = match.anchor.graph
         template = cls(nodes, tuple(symbolic(o) for o in outputs),
                        tuple(node_name_base(graph, n.target) for n in created),
-                       tuple(_flat(args) and _flat(kwargs.values()) for _, _, args, kwargs in nodes))
+                       tuple(_flat(args) and _flat(kwargs.values()) for _, _, args, kwargs in nodes), writes)
         leaves = tree_leaves((template.nodes, template.outputs))
         return None if any(leaf is _UNKNOWN for leaf in leaves) else template
 
@@ -514,10 +516,10 @@ class Change:
     worklist from it (see :mod:`fxrewrite.driver`). Read only (a plain class with slots: one
     is made per rewrite)."""
 
-    __slots__ = ("created", "erased", "inputs", "replaced")
+    __slots__ = ("created", "erased", "inputs", "replaced", "writes")
 
     def __init__(self, created: tuple[Node, ...], erased: tuple[Node, ...],
-                 replaced: tuple[tuple[Node, Node], ...], inputs: tuple[Node, ...]) -> None:
+                 replaced: tuple[tuple[Node, Node], ...], inputs: tuple[Node, ...], writes: bool = False) -> None:
         #: The nodes the replacement created, in the order it created them.
         self.created = created
         #: The matched nodes, erased now.
@@ -527,6 +529,9 @@ class Change:
         self.replaced = replaced
         #: The graph values the match read (its bound nodes): each lost the matched nodes as users.
         self.inputs = inputs
+        #: Does a created node write in place (into a tensor the replacement made: writes into
+        #: anything else are refused)? ``canon.writes_in_place(created)``, worked out once by the splicer.
+        self.writes = writes
 
     def __repr__(self) -> str:
         return (f"Change(created={list(self.created)}, erased={list(self.erased)}, replaced={list(self.replaced)}, "
@@ -557,6 +562,7 @@ class Splicer:
         #: Per rule (by id, the rule kept alive): the names of its literal captures (see :func:`_literal_captures`).
         self._captures: dict[int, tuple[Rule, tuple[str, ...] | None]] = {}
         self._holds: Holds | None = None  # inside ``with splicer:``, the slots held until its end
+        self._writes = False  # does a node the current splice created write in place
 
     def __enter__(self) -> Splicer:
         if self._holds is None:
@@ -592,12 +598,16 @@ class Splicer:
         known = self._templates.get(key) if key is not None else None
         if FAST_DELETION and known is not None and known[1] and known[0] is not None and not known[0].nodes:
             return self._delete(match, known[0])
+        self._writes = False
         tracer.begin(rule, aten=aten, annotate=annotated, anchor=match.anchor)
         try:
             with self.gm.graph.inserting_before(point):
                 template = known[0] if known is not None and known[1] else None
                 replayed = template is not None
-                new_outputs = template.replay(match, tracer) if template is not None else self._call(match, rule, guard)
+                if template is not None:
+                    new_outputs, self._writes = template.replay(match, tracer), template.writes
+                else:
+                    new_outputs = self._call(match, rule, guard)
             if annotated:
                 propagate_values(self.gm, tracer.created)
             if not replayed:  # what a replay builds passed these checks when it was recorded
@@ -619,22 +629,23 @@ class Splicer:
                                f"was left as it was before this rewrite; {_fix_for(exc, annotated)}") from exc
         if key is not None and (known is None or not known[1]):
             self._learn(key, known, match, tracer, new_outputs)
-        return self._finish(match, tracer.created, new_outputs)
+        return self._finish(match, tracer.created, new_outputs, self._writes)
 
     def _delete(self, match: Match, template: _Template) -> list[Node]:
         """Splice a confirmed template that creates no node (a deletion: ``neg(neg(x)) => x``): the
         match's outputs are rewired to values it read, as the replay and the rest of :meth:`splice`
         would do, without the tracer, the insertion point or the replay (:data:`FAST_DELETION`)."""
-        return self._finish(match, [], template.outputs_of(match))
+        return self._finish(match, [], template.outputs_of(match), False)
 
-    def _finish(self, match: Match, created: list[Node], new_outputs: list[Node]) -> list[Node]:
+    def _finish(self, match: Match, created: list[Node], new_outputs: list[Node], writes: bool) -> list[Node]:
         """The end of every splice: the match's outputs rewired to ``new_outputs``, its nodes
-        erased, the call sites counted and the listeners told; ``created`` is returned."""
+        erased, the call sites counted and the listeners told (``writes``: does a created node
+        write in place); ``created`` is returned."""
         _rewire(match, new_outputs)
         _erase(self.gm.graph, match)
         self.sites.spliced(created, match.nodes)
         if self._listeners:
-            self._notify(match, created, new_outputs)
+            self._notify(match, created, new_outputs, writes)
         return created
 
     def _call(self, match: Match, rule: Rule, guard: CapturedModules | None) -> list[Node]:
@@ -660,7 +671,7 @@ class Splicer:
             guard.check()
             _refuse_shared_modules(match, rule, tracer, self.sites)
         new_outputs = _output_nodes(result, match, rule, tracer)
-        _refuse_input_mutation(match, rule, tracer.created)
+        self._writes = _refuse_input_mutation(match, rule, tracer.created)
         return new_outputs
 
     def _call_in(self, mode: str, match: Match, rule: Rule, guard: CapturedModules | None) -> tuple[Any, bool]:
@@ -697,12 +708,12 @@ class Splicer:
             known = self._captures[id(rule)] = (rule, _literal_captures(rule))
         return known[1]
 
-    def _notify(self, match: Match, created: list[Node], new_outputs: list[Node]) -> None:
+    def _notify(self, match: Match, created: list[Node], new_outputs: list[Node], writes: bool) -> None:
         """Send the listeners the :class:`Change` a splice made."""
         outputs = match.outputs
         replaced = ((outputs[0], new_outputs[0]),) if len(outputs) == 1 else tuple(zip(outputs, new_outputs))
         change = Change(tuple(created) if created else (), tuple(match.nodes), replaced,
-                        tuple([v for v in match.bindings.values() if isinstance(v, Node)]))
+                        tuple([v for v in match.bindings.values() if isinstance(v, Node)]), writes)
         for listener in self._listeners:
             listener(change)
 
@@ -713,7 +724,7 @@ class Splicer:
         if tracer.read_metadata or tracer.called_module or tracer.new_attributes:
             self._templates[key] = (None, True)  # depends on more than its arguments: always call it
             return
-        template = _Template.record(match, tracer.created, outputs)
+        template = _Template.record(match, tracer.created, outputs, self._writes)
         if known is None:
             self._templates[key] = (template, False)
         else:
@@ -828,16 +839,23 @@ def _refuse_non_tensor_outputs(match: Match, rule: Rule, outputs: list[Node]) ->
             )
 
 
-def _refuse_input_mutation(match: Match, rule: Rule, created: list[Node]) -> None:
+def _refuse_input_mutation(match: Match, rule: Rule, created: list[Node]) -> bool:
     """A replacement writes in place only into tensors it made: not into an input, a view of one
     (``x.view(-1).add_(1)``: the rest of the program still reads ``x``, and the caller's tensor
-    would change), a constant or anything else the graph held before it."""
-    inputs = {v for v in match.bindings.values() if isinstance(v, Node)}
+    would change), a constant or anything else the graph held before it. Returns whether a
+    created node writes in place (``canon.writes_in_place(created)``)."""
+    inputs: set[Node] | None = None
     fresh: set[Node] | None = None
+    writes = False
     for node in created:
+        if mutation(node) is None:
+            continue
+        writes = True
         written = written_arguments(node)
         if not written:
             continue
+        if inputs is None:
+            inputs = {v for v in match.bindings.values() if isinstance(v, Node)}
         direct = [v for v in written if v in inputs]
         if direct:
             raise RewriteError(
@@ -853,6 +871,7 @@ def _refuse_input_mutation(match: Match, rule: Rule, created: list[Node]) -> Non
                     f"{_where(rule, match)}: the replacement writes in place into '{value.name}' "
                     f"({node.format_node()}), which {held}; write only into tensors the replacement made "
                     f"(or use the out-of-place op).")
+    return writes
 
 
 def _held_value(value: Node, fresh: set[Node]) -> str | None:

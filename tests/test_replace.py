@@ -525,3 +525,37 @@ def test_a_new_module_takes_the_first_name_no_attribute_of_the_target_has(monkey
     a = torch.randn(3)
     for got, expected in zip(result.module(a), program(a)):
         torch.testing.assert_close(got, expected)
+
+
+def test_a_splice_tells_whether_its_nodes_write_in_place_called_replayed_or_deleted(monkeypatch):
+    """``Change.writes`` is ``canon.writes_in_place`` of the created nodes, whether the replacement
+    was called, replayed from its template or spliced as a deletion (each rule matches four times)."""
+    from fxrewrite import RuleSet, driver
+    from fxrewrite.canon import writes_in_place
+
+    seen = []
+    original = driver.Driver._on_change
+
+    def recording(self, change):
+        seen.append((change.writes, writes_in_place(change.created)))
+        original(self, change)
+
+    monkeypatch.setattr(driver.Driver, "_on_change", recording)
+
+    def doubled_in_place(x):
+        y = torch.clone(x)
+        y.mul_(2.0)  # into a tensor of its own
+        return y
+
+    rules = RuleSet([Rule.from_functions(lambda x: x * 2.0, doubled_in_place, name="doubled_in_place"),
+                     Rule.from_functions(lambda x: torch.relu(torch.relu(x)), lambda x: torch.relu(x), name="plain"),
+                     neg_neg(lambda x: x)])
+
+    def f(a):
+        return sum((a + k) * 2.0 + torch.relu(torch.relu(a - k)) + torch.neg(torch.neg(a * k)) for k in range(4))
+
+    result = rewrite(f, rules)
+    assert result.report.applied == {"doubled_in_place": 4, "plain": 4, "neg_neg": 4}
+    assert all(told == truth for told, truth in seen)
+    assert [told for told, _ in seen].count(True) == 4
+    assert_rewrite_sound(f, result, X)
