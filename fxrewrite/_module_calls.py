@@ -235,8 +235,8 @@ class ModuleCallSeen:
     pass it unchanged) and :attr:`called` is set, even if the caller catches the exception. With
     ``escapes_only``, only the calls :data:`IMPL` mode did not record are stopped: on Proxies, or
     of a ``compile()``-d module (which bypasses ``_call_impl``). Only the innermost watcher of a
-    thread acts (a replacement calling ``rewrite`` nests). Registering and removing the hook
-    costs a few microseconds and changes no class."""
+    thread acts (a replacement calling ``rewrite`` nests). Filing and removing the hook costs
+    under a microsecond and changes no class."""
 
     _local = threading.local()
 
@@ -258,11 +258,14 @@ class ModuleCallSeen:
     def __enter__(self) -> ModuleCallSeen:
         self._outer = getattr(self._local, "innermost", None)
         self._local.innermost = self
-        self._handle = torch.nn.modules.module.register_module_forward_pre_hook(self._hook)
+        # what register_module_forward_pre_hook files, keyed by this watcher (torch's handles key
+        # by counter: no clash), without a RemovableHandle: 2.3 -> 0.6 us a block
+        self._handle = torch.nn.modules.module._global_forward_pre_hooks
+        self._handle[self] = self._hook
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._handle.remove()
+        self._handle.pop(self, None)
         self._local.innermost = self._outer
 
 
