@@ -194,7 +194,26 @@ def _lint_passes(graph: fx.Graph) -> bool:
             return False
         add(node)
         names.append(node.name)
-    return len(set(names)) == len(names) and all(_target_exists(owner, node) for node in paths)  # type: ignore[arg-type]
+    return len(set(names)) == len(names) and _targets_exist(owner, paths)  # type: ignore[arg-type]
+
+
+def _targets_exist(owner: torch.nn.Module, paths: list[Node]) -> bool:
+    """:func:`_target_exists` for each of ``paths``; a ``call_module`` target read with
+    :func:`~fxrewrite.canon.effects.plain_submodule` (``FAST_MODULE_ATTRIBUTES``), what each module's
+    class defines read once per class (its memo, dropped after a read it could not tell: ``getattr``
+    may then run a class's own code)."""
+    classes: dict[type, frozenset[str] | None] | None = {} if effects.FAST_MODULE_ATTRIBUTES else None
+    for node in paths:
+        if classes is not None and node.op == "call_module" and isinstance(node.target, str) and node.target:
+            found = effects.plain_submodule(owner, node.target, classes)
+            if found is not effects.UNSURE:
+                if found is None:
+                    return False
+                continue
+            classes.clear()
+        if not _target_exists(owner, node):
+            return False
+    return True
 
 
 def _target_exists(owner: torch.nn.Module, node: Node) -> bool:

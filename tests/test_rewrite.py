@@ -1022,6 +1022,14 @@ def _broken_graphs() -> dict[str, fx.GraphModule]:
     gm, (x, relu, add, out) = fresh()
     object.__setattr__(x, "target", 3)
     broken["placeholder target"] = gm
+    gm, (x, relu, add, out) = fresh()
+    with gm.graph.inserting_before(out):
+        gm.graph.create_node("call_module", "lin.nothing", (x,))
+    broken["call_module path"] = gm
+    gm, (x, relu, add, out) = fresh()
+    with gm.graph.inserting_before(out):
+        gm.graph.create_node("call_module", "", (x,))
+    broken["call_module of the root"] = gm
     return broken
 
 
