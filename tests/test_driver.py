@@ -264,20 +264,28 @@ def test_a_rule_anchored_at_a_module_capture_skips_modules_of_another_class_with
 
     rules = RuleSet([standard_rules()["conv_bn_fold"]])
     assert anchor_module_class(rules["conv_bn_fold"].compiled) is torch.nn.modules.batchnorm._BatchNorm
-    real = driver.matcher
     for fast in (True, False):
         searched: list[str] = []
-
-        def spy(pattern, *args, searched=searched, **kwargs):
-            matches = real(pattern, *args, **kwargs)
-            return lambda node: searched.append(node.target) or matches(node)
-
-        monkeypatch.setattr(driver, "matcher", spy)
+        _spy_on_searches(monkeypatch, searched, lambda node: node.target)
         monkeypatch.setattr(driver, "FAST_MODULE_ANCHOR", fast)
         probe = Driver(fx.symbolic_trace(ConvConvBn().eval()), rules, budget=10, debug=True)
         probe.run()
         assert probe.rewrites == 1 and "bn" in searched and ("conv2" in searched) is not fast
         assert probe.report(0.0).attempts["conv_bn_fold"] == 4  # conv1, conv2, bn and the folded conv
+
+
+def _spy_on_searches(monkeypatch, log: list, label) -> None:
+    """From now on, the drive's matchers append ``label(node)`` to ``log`` at each node they search."""
+    import fxrewrite.driver as driver
+
+    real = getattr(driver.matcher, "real", driver.matcher)  # (a spy set before: its matcher)
+
+    def spy(pattern, *args, **kwargs):
+        matches = real(pattern, *args, **kwargs)
+        return lambda node: log.append(label(node)) or matches(node)
+
+    spy.real = real
+    monkeypatch.setattr(driver, "matcher", spy)
 
 
 class _LayersAndSums(torch.nn.Module):
@@ -307,17 +315,11 @@ def test_a_rule_reading_a_module_capture_skips_sums_of_no_module_of_its_class_wi
     from fxrewrite import rewrite
 
     rules = RuleSet([standard_rules()["linear_layer_add_bias"]])
-    real = driver.matcher
     inputs = (torch.randn(3, 4), torch.randn(4))
     results, searched = {}, {}
     for fast in (True, False):
         seen: list[str] = []
-
-        def spy(pattern, *args, seen=seen, **kwargs):
-            matches = real(pattern, *args, **kwargs)
-            return lambda node: seen.append(node.name) or matches(node)
-
-        monkeypatch.setattr(driver, "matcher", spy)
+        _spy_on_searches(monkeypatch, seen, lambda node: node.name)
         monkeypatch.setattr(driver, "FAST_MODULE_INPUTS", fast)
         model = _LayersAndSums().eval()
         results[fast] = rewrite(model, rules, example_inputs=inputs)
