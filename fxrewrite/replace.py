@@ -562,7 +562,6 @@ class Splicer:
         #: Per rule (by id, the rule kept alive): the names of its literal captures (see :func:`_literal_captures`).
         self._captures: dict[int, tuple[Rule, tuple[str, ...] | None]] = {}
         self._holds: Holds | None = None  # inside ``with splicer:``, the slots held until its end
-        self._writes = False  # does a node the current splice created write in place
 
     def __enter__(self) -> Splicer:
         if self._holds is None:
@@ -598,16 +597,15 @@ class Splicer:
         known = self._templates.get(key) if key is not None else None
         if FAST_DELETION and known is not None and known[1] and known[0] is not None and not known[0].nodes:
             return self._delete(match, known[0])
-        self._writes = False
         tracer.begin(rule, aten=aten, annotate=annotated, anchor=match.anchor)
         try:
             with self.gm.graph.inserting_before(point):
                 template = known[0] if known is not None and known[1] else None
                 replayed = template is not None
                 if template is not None:
-                    new_outputs, self._writes = template.replay(match, tracer), template.writes
+                    new_outputs, writes = template.replay(match, tracer), template.writes
                 else:
-                    new_outputs = self._call(match, rule, guard)
+                    new_outputs, writes = self._call(match, rule, guard)
             if annotated:
                 propagate_values(self.gm, tracer.created)
             if not replayed:  # what a replay builds passed these checks when it was recorded
@@ -628,8 +626,8 @@ class Splicer:
             raise RewriteError(f"{_where(rule, match)}: the replacement raised {type(exc).__name__}: {exc}. The graph "
                                f"was left as it was before this rewrite; {_fix_for(exc, annotated)}") from exc
         if key is not None and (known is None or not known[1]):
-            self._learn(key, known, match, tracer, new_outputs)
-        return self._finish(match, tracer.created, new_outputs, self._writes)
+            self._learn(key, known, match, tracer, new_outputs, writes)
+        return self._finish(match, tracer.created, new_outputs, writes)
 
     def _delete(self, match: Match, template: _Template) -> list[Node]:
         """Splice a confirmed template that creates no node (a deletion: ``neg(neg(x)) => x``): the
@@ -648,9 +646,10 @@ class Splicer:
             self._notify(match, created, new_outputs, writes)
         return created
 
-    def _call(self, match: Match, rule: Rule, guard: CapturedModules | None) -> list[Node]:
+    def _call(self, match: Match, rule: Rule, guard: CapturedModules | None) -> tuple[list[Node], bool]:
         """Call the replacement on Proxies, recording its module calls and guarding the modules the
-        match captured; the nodes that stand for the pattern's outputs.
+        match captured; the nodes that stand for the pattern's outputs, and whether a node it
+        created writes in place.
 
         The replacement runs in the mode of :mod:`fxrewrite._module_calls` it was last called in
         (first: :func:`~fxrewrite._module_calls.first_mode`). When a module call got past that
@@ -671,8 +670,7 @@ class Splicer:
             guard.check()
             _refuse_shared_modules(match, rule, tracer, self.sites)
         new_outputs = _output_nodes(result, match, rule, tracer)
-        self._writes = _refuse_input_mutation(match, rule, tracer.created)
-        return new_outputs
+        return new_outputs, _refuse_input_mutation(match, rule, tracer.created)
 
     def _call_in(self, mode: str, match: Match, rule: Rule, guard: CapturedModules | None) -> tuple[Any, bool]:
         """Call the replacement once, module calls recorded in ``mode``: its result and whether
@@ -718,13 +716,13 @@ class Splicer:
             listener(change)
 
     def _learn(self, key: Hashable, known: tuple[_Template | None, bool] | None, match: Match,
-               tracer: _ReplacementTracer, outputs: list[Node]) -> None:
+               tracer: _ReplacementTracer, outputs: list[Node], writes: bool) -> None:
         """After calling a replacement: remember its graph, and trust it for replay once a
         second call recorded the same one."""
         if tracer.read_metadata or tracer.called_module or tracer.new_attributes:
             self._templates[key] = (None, True)  # depends on more than its arguments: always call it
             return
-        template = _Template.record(match, tracer.created, outputs, self._writes)
+        template = _Template.record(match, tracer.created, outputs, writes)
         if known is None:
             self._templates[key] = (template, False)
         else:
@@ -863,7 +861,7 @@ def _refuse_input_mutation(match: Match, rule: Rule, created: list[Node]) -> boo
                 f"({node.format_node()}), which the rest of the program still reads; use the out-of-place op."
             )
         if fresh is None:
-            fresh = {n for n in created if n.op not in ("placeholder", "get_attr")}
+            fresh = set(created)
         for value in written:
             held = _held_value(value, fresh)
             if held is not None:
@@ -876,7 +874,7 @@ def _refuse_input_mutation(match: Match, rule: Rule, created: list[Node]) -> boo
 
 def _held_value(value: Node, fresh: set[Node]) -> str | None:
     """Why a write into ``value`` reaches beyond the tensors a replacement made (``fresh``: the
-    nodes it created, constants left out), or ``None``: a value that may share its storage
+    nodes it created), or ``None``: a value that may share its storage
     (:func:`~fxrewrite.canon.alias_class`) was in the graph before, or is a constant."""
     members = alias_class(value)
     if members is None:
