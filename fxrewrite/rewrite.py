@@ -354,11 +354,11 @@ def _delete_unused_submodules(gm: fx.GraphModule) -> None:
         else:
             used.add(target)
         if node.op == "call_module":
-            submodule = _submodule(gm, target)
+            submodule = effects.submodule(gm, target)
             if submodule is None:  # a node naming a module that does not exist: nothing to keep below it
                 continue
             if submodule._modules or type(submodule).named_modules is not torch.nn.Module.named_modules:
-                used.update(f"{node.target}.{name}" for name, _ in submodule.named_modules() if name != "")
+                used.update(f"{target}.{name}" for name, _ in submodule.named_modules() if name != "")
     listed = effects.named_modules(gm)
     gone: set[str] = set()
     for name in listed:
@@ -369,20 +369,6 @@ def _delete_unused_submodules(gm: fx.GraphModule) -> None:
             continue  # below a deleted module: out of gm's reach already
         delattr(listed[parent], atom)
         gone.add(name)
-
-
-def _submodule(gm: fx.GraphModule, target: str) -> torch.nn.Module | None:
-    """``gm.get_submodule(target)``, ``None`` where it raises ``AttributeError``; read with
-    :func:`~fxrewrite.canon.effects.plain_attribute` where that can tell (its slow twin,
-    ``FAST_MODULE_ATTRIBUTES`` off: ``get_submodule``)."""
-    if effects.FAST_MODULE_ATTRIBUTES:
-        found = effects.plain_submodule(gm, target)
-        if found is not effects.UNSURE:
-            return found
-    try:
-        return gm.get_submodule(target)
-    except AttributeError:
-        return None
 
 
 def _join_path(prefix: str, atom: str) -> str:

@@ -197,14 +197,19 @@ def _held_in(target: Any, table: Any) -> bool:
 def _submodule(node: Node, classes: dict[type, frozenset[str] | None] | None = None) -> Any:
     """The module a ``call_module`` node calls (``get_submodule``), ``None`` when there is none."""
     owner = node.graph.owning_module
-    if owner is None:
-        return None
+    return None if owner is None else submodule(owner, str(node.target), classes)
+
+
+def submodule(owner: torch.nn.Module, target: str, classes: dict[type, frozenset[str] | None] | None = None) -> Any:
+    """``owner.get_submodule(target)``, ``None`` where it raises ``AttributeError``; read with
+    :func:`plain_submodule` where that can tell (its slow twin, :data:`FAST_MODULE_ATTRIBUTES`
+    off: ``get_submodule``; ``classes``: :func:`plain_attribute`'s memo)."""
     if FAST_MODULE_ATTRIBUTES:
-        found = plain_submodule(owner, str(node.target), classes)
+        found = plain_submodule(owner, target, classes)
         if found is not UNSURE:
             return found
     try:
-        return owner.get_submodule(str(node.target))
+        return owner.get_submodule(target)
     except AttributeError:
         return None
 
