@@ -28,10 +28,11 @@ replacement that records module calls to its end (:class:`Holds`, :data:`HOLD_FO
 assigning a class attribute of ``nn.Module`` invalidates the attribute caches of every module
 class, which cost a conv-bn fold ~18 µs when done around each call. While held, outside a
 replacement's own calls on Proxies the replaced method calls torch's own: guards, matching and
-other threads' forwards see torch's behaviour, through one more call. Which tracer records is per thread, so concurrent
-rewrites of different models, and forwards run by other threads meanwhile, each see the right
-behaviour (in other threads the replaced method calls torch's own); a replacement that itself
-calls ``rewrite`` nests (the outer tracer is put back when the inner call ends).
+other threads' forwards see torch's behaviour, through one more call. Which tracer records is
+per thread, so concurrent rewrites of different models, and forwards run by other threads
+meanwhile, each see the right behaviour (in other threads the replaced method calls torch's
+own); a replacement that itself calls ``rewrite`` nests (the outer tracer is put back when the
+inner call ends).
 """
 
 from __future__ import annotations
@@ -244,7 +245,7 @@ class ModuleCallSeen:
         self.called = False
         self.escapes_only = escapes_only
         self._thread = threading.get_ident()
-        self._handle: Any = None
+        self._hooks: Any = None  # torch's global pre-hook table, once the block is entered
         self._outer: ModuleCallSeen | None = None
 
     def _hook(self, module: torch.nn.Module, inputs: Any) -> None:
@@ -260,12 +261,12 @@ class ModuleCallSeen:
         self._local.innermost = self
         # what register_module_forward_pre_hook files, keyed by this watcher (torch's handles key
         # by counter: no clash), without a RemovableHandle: 2.3 -> 0.6 us a block
-        self._handle = torch.nn.modules.module._global_forward_pre_hooks
-        self._handle[self] = self._hook
+        self._hooks = torch.nn.modules.module._global_forward_pre_hooks
+        self._hooks[self] = self._hook
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._handle.pop(self, None)
+        self._hooks.pop(self, None)
         self._local.innermost = self._outer
 
 

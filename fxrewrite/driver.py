@@ -477,8 +477,8 @@ class Driver:
         self.settled: dict[str, set[Node]] = {}  # per rule, the nodes it produced from its own pattern
         #: Per rule, the class its anchor's module must have, and the classes its anchor's inputs must call.
         self.anchor_classes, self.input_classes = _module_classes(ruleset) if needs_modules else ({}, {})
-        #: Does anything in the graph write in place? (Rewrites never add a write: replacements
-        #: writing into their inputs are refused.) Without writes, no match needs the alias walk.
+        #: Does anything in the graph write in place? Without writes, no match needs the alias walk.
+        #: (A replacement may add a write only into a tensor it made; :meth:`_on_change` notes it.)
         self.graph_writes = writes_in_place(self.graph.nodes)
         self.pruned = PRUNED_REQUEUE and not self.graph_writes and not _may_rekey(r.anchor_key for r in ruleset)
         self._writers = _Writers()
