@@ -14,7 +14,9 @@
 * ``_running.FAST_GUARD_VALUES``: the guard harness records the same values as fx's interpreter;
 * ``_plan.ADMITTED_BY_RELATIONS``: a focus an accepted relation admits is admitted by the search too;
 * ``_values.CAPPED_VALUE_LISTS``: a tensor drawn after its layout draws no more values than it holds;
-* ``_values.FLAT_ELEMENTS``: a value drawn without the one-of's spans is the one-of's value for the same choices.
+* ``_values.FLAT_ELEMENTS``: a value drawn without the one-of's spans is the one-of's value for the same choices;
+* ``_plan.SMALLER_AT_ITS_RANKS``: a smaller focus draws the ranks where a relation drops that tensor;
+* ``_plan.REPEATED_REFUSAL_REJECTS``: an input whose try repeats its refused previous try is rejected at once.
 """
 
 from __future__ import annotations
@@ -397,6 +399,58 @@ def test_only_a_smaller_focus_with_a_relation_that_drops_it_is_admitted_without_
     assert _plan._admitted_by_relations(plan.with_smaller("x"))
     assert not _plan._admitted_by_relations(plan)
     assert not _plan._admitted_by_relations(attrs.evolve(plan.with_smaller("x"), ranked_relations={2: ({"x": 0},)}))
+
+
+def test_a_smaller_focus_draws_the_ranks_where_a_relation_drops_that_tensor(monkeypatch):
+    plan = plan_inputs(_matrix_rule())  # rank 2 keeps both; at ranks 3 and 4 x or y may lose one
+    assert plan.with_smaller("x").ranks(torch.float32) == (3, 4)
+    assert attrs.evolve(plan, ranked_relations={}).with_smaller("x").ranks(torch.float32) == (2, 3, 4)  # none known
+    monkeypatch.setattr(_plan, "SMALLER_AT_ITS_RANKS", False)
+    assert plan.with_smaller("x").ranks(torch.float32) == (2, 3, 4)
+
+
+@pytest.mark.slow  # two searches of 40 inputs
+def test_a_smaller_focus_at_its_ranks_keeps_the_inputs_accepted_and_refuses_fewer(monkeypatch):
+    refused = {}
+    for on in (True, False):
+        monkeypatch.setattr(_plan, "SMALLER_AT_ITS_RANKS", on)
+        rule = _matrix_rule()
+        plan = plan_inputs(rule).with_smaller("x")
+        drawn = _drawn(plan.strategy())
+        for inputs in drawn:
+            assert _plan.accepts(plan, inputs)
+        assert any(inputs["x"].dim() < inputs["y"].dim() for inputs in drawn)
+        refused[on] = _plan.draw_counts(rule).layouts_refused
+    assert refused[True] < refused[False], refused
+
+
+# -- an input that draws its refused try again ----------------------------------------------------
+
+
+def _view_to(x, a: int, b: int):  # type: ignore[no-untyped-def]
+    return x.view(a, b)
+
+
+#: Its simplest draw (a 0-dim tensor viewed as (-1, -1)) is refused: Hypothesis starts each search
+#: with inputs of such draws.
+VIEW_TO = Rule.from_functions(_view_to, _view_to, name="view_to",
+                              domain={"ranks": (0, 2), "sides": (1, 3), "literals": {"a": (-1, 1, 2), "b": (-1, 1, 2)}})
+
+
+@pytest.mark.slow  # two searches of 40 inputs
+def test_an_input_repeating_its_refused_try_is_rejected_and_the_inputs_stay_accepted(monkeypatch):
+    refused, sizes = {}, {}
+    for on in (True, False):
+        monkeypatch.setattr(_plan, "REPEATED_REFUSAL_REJECTS", on)
+        _plan.reset_draw_counts(VIEW_TO)
+        plan = plan_inputs(VIEW_TO)
+        drawn = _drawn(plan.strategy())
+        for inputs in drawn:
+            assert _plan.accepts(plan, inputs)
+        refused[on] = _plan.draw_counts(VIEW_TO).layouts_refused
+        sizes[on] = {(d["a"], d["b"]) for d in drawn}
+    assert refused[True] < refused[False], refused
+    assert len(sizes[True]) >= 3, sizes  # still varied
 
 
 # -- value lists capped at the tensor's size ------------------------------------------------------
