@@ -16,7 +16,8 @@
 * ``_values.CAPPED_VALUE_LISTS``: a tensor drawn after its layout draws no more values than it holds;
 * ``_values.FLAT_ELEMENTS``: a value drawn without the one-of's spans is the one-of's value for the same choices;
 * ``_plan.SMALLER_AT_ITS_RANKS``: a smaller focus draws the ranks where a relation drops that tensor;
-* ``_plan.REPEATED_REFUSAL_REJECTS``: an input whose try repeats its refused previous try is rejected at once.
+* ``_plan.REPEATED_REFUSAL_REJECTS``: an input whose try repeats its refused previous try is rejected at once;
+* ``_plan.TRANSPOSED_AS_BITS``: which tensors of a layout are transposed, drawn as one integer.
 """
 
 from __future__ import annotations
@@ -422,6 +423,20 @@ def test_a_smaller_focus_at_its_ranks_keeps_the_inputs_accepted_and_refuses_fewe
         assert any(inputs["x"].dim() < inputs["y"].dim() for inputs in drawn)
         refused[on] = _plan.draw_counts(rule).layouts_refused
     assert refused[True] < refused[False], refused
+
+
+def test_transposed_as_bits_and_as_booleans_both_lay_out_each_tensor_either_way(monkeypatch):
+    plan = plan_inputs(_matrix_rule())
+    config = plan.config(torch.float32, 2)
+    for bits in (True, False):
+        monkeypatch.setattr(_plan, "TRANSPOSED_AS_BITS", bits)
+        drawn = _drawn(_plan._tensor_layouts.uncached(plan, config, (2, 3)))
+        kinds = {(layouts["x"].transposed, layouts["y"].transposed) for layouts in drawn}
+        assert kinds == {(False, False), (False, True), (True, False), (True, True)}, (bits, kinds)
+    contiguous = attrs.evolve(plan, domain=attrs.evolve(plan.domain, non_contiguous=False))
+    monkeypatch.setattr(_plan, "TRANSPOSED_AS_BITS", True)
+    assert not any(layout.transposed for layouts in _drawn(_plan._tensor_layouts.uncached(contiguous, config, (2, 3)))
+                   for layout in layouts.values())
 
 
 # -- an input that draws its refused try again ----------------------------------------------------
