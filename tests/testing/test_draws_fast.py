@@ -160,14 +160,18 @@ def test_relations_by_rank_are_the_relations_split_by_the_rank_that_accepts_them
             assert all(rank - drop >= 2 for drop in relation.values())
 
 
-def _accepted_draws(monkeypatch, flag: str, on: bool, rule):  # type: ignore[no-untyped-def]
-    """The draw counts of a search with ``_plan.<flag>`` set to ``on``; every input it draws is
-    one the rule's pattern and guards accept."""
+def _accepted_draws(monkeypatch, flag: str, on: bool, rule, focus=None, drawn=None):  # type: ignore[no-untyped-def]
+    """The draw counts of a search with ``_plan.<flag>`` set to ``on`` (of the plan ``focus``
+    makes of the rule's, when given); every input it draws is one the rule's pattern and guards
+    accept. The inputs are appended to ``drawn`` when given."""
     monkeypatch.setattr(_plan, flag, on)
     _plan.reset_draw_counts(rule)
-    plan = plan_inputs(rule)
-    for inputs in _drawn(plan.strategy()):
+    plan = plan_inputs(rule) if focus is None else focus(plan_inputs(rule))
+    inputs_drawn = _drawn(plan.strategy())
+    for inputs in inputs_drawn:
         assert _plan.accepts(plan, inputs)
+    if drawn is not None:
+        drawn.extend(inputs_drawn)
     return _plan.draw_counts(rule)
 
 
@@ -412,16 +416,12 @@ def test_a_smaller_focus_draws_the_ranks_where_a_relation_drops_that_tensor(monk
 
 @pytest.mark.slow  # two searches of 40 inputs
 def test_a_smaller_focus_at_its_ranks_keeps_the_inputs_accepted_and_refuses_fewer(monkeypatch):
-    refused = {}
+    rule, refused = _matrix_rule(), {}
     for on in (True, False):
-        monkeypatch.setattr(_plan, "SMALLER_AT_ITS_RANKS", on)
-        rule = _matrix_rule()
-        plan = plan_inputs(rule).with_smaller("x")
-        drawn = _drawn(plan.strategy())
-        for inputs in drawn:
-            assert _plan.accepts(plan, inputs)
+        drawn: list = []
+        refused[on] = _accepted_draws(monkeypatch, "SMALLER_AT_ITS_RANKS", on, rule,
+                                      focus=lambda plan: plan.with_smaller("x"), drawn=drawn).layouts_refused
         assert any(inputs["x"].dim() < inputs["y"].dim() for inputs in drawn)
-        refused[on] = _plan.draw_counts(rule).layouts_refused
     assert refused[True] < refused[False], refused
 
 
@@ -454,18 +454,13 @@ VIEW_TO = Rule.from_functions(_view_to, _view_to, name="view_to",
 
 @pytest.mark.slow  # two searches of 40 inputs
 def test_an_input_repeating_its_refused_try_is_rejected_and_the_inputs_stay_accepted(monkeypatch):
-    refused, sizes = {}, {}
+    refused: dict[bool, int] = {}
+    drawn: dict[bool, list] = {True: [], False: []}
     for on in (True, False):
-        monkeypatch.setattr(_plan, "REPEATED_REFUSAL_REJECTS", on)
-        _plan.reset_draw_counts(VIEW_TO)
-        plan = plan_inputs(VIEW_TO)
-        drawn = _drawn(plan.strategy())
-        for inputs in drawn:
-            assert _plan.accepts(plan, inputs)
-        refused[on] = _plan.draw_counts(VIEW_TO).layouts_refused
-        sizes[on] = {(d["a"], d["b"]) for d in drawn}
+        counts = _accepted_draws(monkeypatch, "REPEATED_REFUSAL_REJECTS", on, VIEW_TO, drawn=drawn[on])
+        refused[on] = counts.layouts_refused
     assert refused[True] < refused[False], refused
-    assert len(sizes[True]) >= 3, sizes  # still varied
+    assert len({(d["a"], d["b"]) for d in drawn[True]}) >= 3  # still varied
 
 
 # -- value lists capped at the tensor's size ------------------------------------------------------
