@@ -702,14 +702,13 @@ def _refusal(rule: Rule, match: Match, writers: Callable[[Node], tuple[Node, ...
 
 
 def _is_aten(graph: fx.Graph) -> bool:
-    """``is_aten_graph(graph.nodes)``: read from the targets of the side table's non-empty
-    ``call_function`` buckets (:data:`ATEN_BY_TARGETS`; only a call_function's target may be an
-    ATen overload)."""
+    """``is_aten_graph(graph.nodes)``, asked of one node per non-empty ``call_function`` bucket of
+    the side table (:data:`ATEN_BY_TARGETS`; a bucket's nodes share their target, and only a
+    call_function's target may be an ATen overload)."""
     if not ATEN_BY_TARGETS:
         return is_aten_graph(graph.nodes)
-    overload = torch._ops.OpOverload
-    return any(op == "call_function" and filed and isinstance(target, overload)
-               for (op, target), filed in side_table_buckets(graph).items())
+    return is_aten_graph(next(iter(filed)) for (op, _), filed in side_table_buckets(graph).items()
+                         if op == "call_function" and filed)
 
 
 def _lint_after(graph: fx.Graph, rule: Rule) -> None:
