@@ -45,6 +45,7 @@ __all__ = [
     "FastNamespace",
     "FxNamespace",
     "FxPythonCode",
+    "add_fresh_submodule",
     "add_node",
     "autowrap_function_ids",
     "autowrap_patches",
@@ -61,6 +62,7 @@ __all__ = [
     "fx_qualified_name",
     "fx_type_repr",
     "fx_tracing",
+    "global_forward_pre_hooks",
     "is_fx_tracing",
     "is_erased",
     "is_opaque_value_type",
@@ -144,6 +146,22 @@ def add_fresh_submodule(gm: fx.GraphModule, name: str, module: torch.nn.Module) 
 
 
 _MODULE_ADD_MODULE = torch.nn.Module.add_module
+
+
+def global_forward_pre_hooks() -> dict[Any, Callable[..., Any]]:
+    """torch's table of the forward pre-hooks every module call runs, what
+    ``register_module_forward_pre_hook`` files into under its handles' ids: a hook filed under a
+    key of the caller's own (no handle id) runs until the caller pops it, without the
+    ``RemovableHandle`` registering makes.
+
+    >>> hooks, seen = global_forward_pre_hooks(), []
+    >>> key = object()
+    >>> hooks[key] = lambda module, inputs: seen.append(type(module).__name__)
+    >>> _ = torch.nn.ReLU()(torch.zeros(1)); _ = hooks.pop(key)
+    >>> _ = torch.nn.ReLU()(torch.zeros(1)); seen
+    ['ReLU']
+    """
+    return _module_globals._global_forward_pre_hooks
 
 
 def fresh_node_name(graph: fx.Graph, base: str) -> str:

@@ -238,3 +238,18 @@ def test_fresh_node_names_are_what_the_graph_s_namespace_hands_out():
         counts = fast._graph_namespace._base_count
         assert fast._graph_namespace._used_names == slow._graph_namespace._used_names
         assert dict(counts.counts if journaled else counts) == slow._graph_namespace._base_count
+
+
+def test_a_hook_filed_in_the_global_pre_hook_table_runs_at_module_calls_until_popped():
+    """What ``ModuleCallSeen`` files: a key of its own beside torch's handle ids, no clash."""
+    hooks, seen = _torch.global_forward_pre_hooks(), []
+    handle = nn.modules.module.register_module_forward_pre_hook(lambda module, inputs: seen.append("torch's"))
+    key = object()
+    hooks[key] = lambda module, inputs: seen.append("ours")
+    try:
+        nn.ReLU()(torch.zeros(1))
+    finally:
+        hooks.pop(key)
+        handle.remove()
+    nn.ReLU()(torch.zeros(1))
+    assert seen == ["torch's", "ours"] and key not in hooks and handle.id not in hooks
